@@ -1,0 +1,88 @@
+"""Shared fixtures: real tiny Qwen3-VL checkpoints built once per test session.
+
+Everything is real: transformers' Qwen3-VL classes, a real Qwen tokenizer, a real ONNX export
+and ONNX Runtime. Nothing is downloaded. Slow tests are marked `slow` and run by default
+(deselect with `-m "not slow"` while iterating).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ARTIFACTS = ROOT / "artifacts"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    from vlservice.models import make_model
+
+    return make_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("vl-cache")
+
+
+@pytest.fixture(scope="session")
+def settings_for(cache_dir, tiny_model_dir):
+    from vlservice.config import Settings
+
+    def make(**kw):
+        base = dict(model=str(tiny_model_dir), cache_dir=str(cache_dir), threads=2)
+        base.update(kw)
+        return Settings(**base)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def service_for(settings_for):
+    """Services by vision backend, built once each for the session."""
+    from vlservice.service import load_service
+
+    made = {}
+
+    def get(backend="onnx-int8"):
+        if backend not in made:
+            made[backend] = load_service(settings_for(vision_backend=backend))
+        return made[backend]
+
+    return get
+
+
+def png_bytes(rgb: np.ndarray) -> bytes:
+    import cv2
+
+    ok, buf = cv2.imencode(".png", np.ascontiguousarray(rgb[:, :, ::-1]))
+    assert ok
+    return buf.tobytes()
+
+
+def scene(h=120, w=200, seed=0) -> np.ndarray:
+    """A small deterministic picture with structure (so features depend on it)."""
+    import cv2
+
+    rng = np.random.default_rng(seed)
+    img = np.full((h, w, 3), rng.integers(150, 240, 3), dtype=np.uint8)
+    for _ in range(3):
+        color = tuple(int(c) for c in rng.integers(0, 255, 3))
+        center = (int(rng.integers(0, w)), int(rng.integers(0, h)))
+        cv2.circle(img, center, int(rng.integers(2, 40)), color, -1, cv2.LINE_AA)
+    return img
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "browser" in item.keywords or "server" in item.keywords:
+            item.add_marker(pytest.mark.slow)

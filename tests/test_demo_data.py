@@ -1,0 +1,192 @@
+"""Tests for vlservice.demo.data, the synthetic data generator of the demo model."""
+
+from __future__ import annotations
+
+import re
+
+import cv2
+import numpy as np
+import pytest
+
+from vlservice.demo.data import (
+    COLORS,
+    PROMPTS,
+    SHAPES,
+    TASKS,
+    TEXT_MARGIN,
+    Sample,
+    encode_png,
+    iter_samples,
+    make_sample,
+)
+
+COLORS_ZH = {"red": "红色", "green": "绿色", "blue": "蓝色", "yellow": "黄色",
+             "purple": "紫色", "orange": "橙色", "black": "黑色", "white": "白色"}
+SHAPES_ZH = {"circle": "圆形", "square": "正方形", "triangle": "三角形", "star": "星形"}
+
+C_EN = "(?:" + "|".join(COLORS) + ")"
+S_EN = "(?:" + "|".join(SHAPES) + ")"
+C_ZH = "(?:" + "|".join(COLORS_ZH.values()) + ")"
+S_ZH = "(?:" + "|".join(SHAPES_ZH.values()) + ")"
+ITEM_EN = f"a {C_EN} {S_EN}"
+ITEM_ZH = f"一个{C_ZH}的{S_ZH}"
+TEXT = r"(?:\d{1,6}|[A-Z]{3,5}|[A-Z]{3,5} [A-Z]{3,5})"
+
+ANSWER_PATTERNS = {
+    ("shapes", "describe", "en"): f"A {C_EN} {S_EN}(?:(?:, {ITEM_EN})? and {ITEM_EN})?\\.",
+    ("shapes", "describe", "zh"): f"{ITEM_ZH}(?:(?:、{ITEM_ZH})?和{ITEM_ZH})?。",
+    ("shapes", "color", "en"): "(?:" + "|".join(c.capitalize() for c in COLORS) + r")\.",
+    ("shapes", "color", "zh"): f"{C_ZH}。",
+    ("shapes", "count", "en"): r"(?:One|Two|Three)\.",
+    ("shapes", "count", "zh"): "(?:一个|两个|三个)。",
+    ("shapes", "position", "en"): f"The {C_EN} {S_EN}\\.",
+    ("shapes", "position", "zh"): f"{C_ZH}的{S_ZH}。",
+    ("text", "describe", "en"): f'A card with the text "{TEXT}"\\.',
+    ("text", "describe", "zh"): f"一张写着“{TEXT}”的卡片。",
+    ("text", "ocr", "en"): TEXT,
+    ("text", "ocr", "zh"): TEXT,
+}
+
+
+@pytest.fixture(scope="module")
+def samples() -> list[Sample]:
+    return list(iter_samples(seed=7, n=400))
+
+
+def _key(s: Sample) -> tuple:
+    return (s.image.tobytes(), s.image.shape, s.question, s.answer, s.task, s.lang, s.kind, s.objects)
+
+
+def test_same_seed_is_identical():
+    a, b = list(iter_samples(123, 40)), list(iter_samples(123, 40))
+    assert [_key(x) for x in a] == [_key(x) for x in b]
+    tasks = ("position", "ocr")
+    assert [_key(x) for x in iter_samples(5, 10, tasks=tasks)] == [
+        _key(x) for x in iter_samples(5, 10, tasks=tasks)]
+
+
+def test_different_seeds_differ():
+    a, b = list(iter_samples(1, 20)), list(iter_samples(2, 20))
+    assert sum(_key(x) != _key(y) for x, y in zip(a, b)) >= 15
+    assert {x.image.tobytes() for x in a}.isdisjoint(y.image.tobytes() for y in b)
+
+
+def test_every_task_in_both_languages(samples):
+    assert set(TASKS) == {"describe", "color", "count", "position", "ocr"}
+    seen = {(s.task, s.lang) for s in samples}
+    assert seen == {(t, lang) for t in TASKS for lang in ("en", "zh")}
+    assert {(s.kind, s.task) for s in samples} >= {("text", "describe"), ("shapes", "describe")}
+
+
+def test_requested_task_and_lang_are_honoured():
+    rng = np.random.default_rng(0)
+    for task in TASKS:
+        for lang in ("en", "zh"):
+            for _ in range(5):
+                s = make_sample(rng, task, lang)
+                assert (s.task, s.lang) == (task, lang)
+                if task == "position":
+                    assert len(s.objects) >= 2
+                if task == "ocr":
+                    assert s.kind == "text"
+    with pytest.raises(ValueError):
+        make_sample(rng, "nope")
+
+
+def test_samples_are_well_formed(samples):
+    for s in samples:
+        assert s.image.dtype == np.uint8 and s.image.ndim == 3 and s.image.shape[2] == 3
+        assert not s.image.flags.writeable
+        assert (s.kind == "text") == (s.objects == ())
+        h, w = s.image.shape[:2]
+        if s.kind == "shapes":
+            assert 96 <= w <= 224 and 96 <= h <= 224
+            assert 1 <= len(s.objects) <= 3
+        else:
+            assert 128 <= w and 64 <= h and w * h <= 320 * 200
+
+
+def test_preset_prompts_are_byte_exact():
+    assert PROMPTS["en"]["describe"] == "Describe this image."
+    assert PROMPTS["zh"]["describe"] == "描述这张图片。"
+    assert PROMPTS["en"]["ocr"] == "Read all the text in this image."
+    assert PROMPTS["zh"]["ocr"] == "读出图片中的所有文字。"
+
+
+def test_questions_and_answers_have_expected_form(samples):
+    for s in samples:
+        pattern = ANSWER_PATTERNS[(s.kind, s.task, s.lang)]
+        assert re.fullmatch(pattern, s.answer), (s.task, s.lang, s.answer)
+        prompts = PROMPTS[s.lang]
+        if s.task in ("describe", "ocr", "count"):
+            assert s.question == prompts[s.task]
+        elif s.task == "position":
+            assert s.question in (prompts["position_left"], prompts["position_right"])
+        else:
+            names = {o[0]: (o[0] if s.lang == "en" else SHAPES_ZH[o[0]]) for o in s.objects}
+            assert s.question in {prompts["color"].format(shape=n) for n in names.values()}
+
+
+def _phrase(obj: tuple, lang: str) -> str:
+    shape, color = obj[:2]
+    return f"{color} {shape}" if lang == "en" else f"{COLORS_ZH[color]}的{SHAPES_ZH[shape]}"
+
+
+def test_answers_match_objects(samples):
+    words = {"en": ["One.", "Two.", "Three."], "zh": ["一个。", "两个。", "三个。"]}
+    for s in (x for x in samples if x.kind == "shapes"):
+        if s.task == "count":
+            assert s.answer == words[s.lang][len(s.objects) - 1]
+        elif s.task == "position":
+            left = s.question == PROMPTS[s.lang]["position_left"]
+            target = (min if left else max)(s.objects, key=lambda o: o[2])
+            expected = f"The {_phrase(target, 'en')}." if s.lang == "en" else _phrase(target, "zh") + "。"
+            assert s.answer == expected
+        elif s.task == "color":
+            asked = next(o for o in s.objects
+                         if s.question == PROMPTS[s.lang]["color"].format(
+                             shape=o[0] if s.lang == "en" else SHAPES_ZH[o[0]]))
+            assert s.answer == (asked[1].capitalize() + "." if s.lang == "en" else COLORS_ZH[asked[1]] + "。")
+        elif s.task == "describe":
+            phrases = [_phrase(o, s.lang) for o in s.objects]  # objects are left to right
+            assert [o[2] for o in s.objects] == sorted(o[2] for o in s.objects)
+            found = re.findall(f"{C_EN} {S_EN}" if s.lang == "en" else f"{C_ZH}的{S_ZH}", s.answer)
+            assert found == phrases
+
+
+def test_shapes_are_drawn_distinct_and_separated(samples):
+    for s in (x for x in samples if x.kind == "shapes"):
+        h, w = s.image.shape[:2]
+        assert len({o[0] for o in s.objects}) == len(s.objects)
+        assert len({o[1] for o in s.objects}) == len(s.objects)
+        for shape, color, cx, cy, size in s.objects:
+            assert 0 <= cx - size and cx + size < w and 0 <= cy - size and cy + size < h
+            pixel = s.image[cy, cx].astype(int)
+            assert np.abs(pixel - COLORS[color]).max() <= 12, (shape, color, pixel)
+        by_x = sorted(s.objects, key=lambda o: o[2])
+        for a, b in zip(by_x, by_x[1:]):
+            assert b[2] - a[2] > a[4] + b[4]  # bounding boxes apart horizontally
+        corner = s.image[0, 0].astype(int)
+        assert all(np.abs(corner - COLORS[o[1]]).sum() > 120 for o in s.objects)
+
+
+def test_text_fits_inside_card(samples):
+    for s in (x for x in samples if x.kind == "text"):
+        img = s.image.astype(int)
+        card = img[0, 0]
+        m = TEXT_MARGIN
+        border = np.concatenate([img[:m].reshape(-1, 3), img[-m:].reshape(-1, 3),
+                                 img[:, :m].reshape(-1, 3), img[:, -m:].reshape(-1, 3)])
+        assert (border == card).all(), s.answer
+        ink = np.abs(img - card).sum(axis=2) > 150
+        ys, xs = np.nonzero(ink)
+        assert ys.size > 20
+        assert ys.max() - ys.min() >= 10  # text is at least ~10 px tall
+
+
+def test_encode_png_roundtrip(samples):
+    s = samples[0]
+    data = encode_png(s.image)
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    assert np.array_equal(cv2.cvtColor(decoded, cv2.COLOR_BGR2RGB), s.image)

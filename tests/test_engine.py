@@ -1,0 +1,255 @@
+"""The engine on a real tiny Qwen3-VL: real transformers, real ONNX export, real ONNX Runtime."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from vlservice.errors import Busy, ContextLengthExceeded, InvalidImage, InvalidRequest
+from vlservice.generate import Sampling
+from vlservice.service import ChatRequest, ImageInput, Message
+
+from conftest import png_bytes, scene
+
+QUESTION = "Describe this image."
+
+
+def ask(service, *parts, max_tokens=8, role_history=(), **sampling):
+    msgs = list(role_history) + [Message("user", list(parts))]
+    return service.chat(ChatRequest(messages=msgs, sampling=Sampling(max_tokens=max_tokens, **sampling)))
+
+
+def hf_generate(model_dir, rgb, question, max_new_tokens):
+    """The reference: the HF PIL processor, the chat template and `model.generate`."""
+    from PIL import Image
+    from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    pre = json.loads((model_dir / "preprocessor_config.json").read_text())
+    proc = Qwen2VLImageProcessorPil(**{k: pre[k] for k in ("patch_size", "temporal_patch_size", "merge_size",
+                                                             "image_mean", "image_std", "size")})
+    model = Qwen3VLForConditionalGeneration.from_pretrained(model_dir).eval()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    px = proc(images=[Image.fromarray(rgb)], return_tensors="pt")
+    n = int(px["image_grid_thw"].prod()) // 4
+    chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+    text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    ids = tok(text.replace("<|image_pad|>", "<|image_pad|>" * n), return_tensors="pt")
+    mm = (ids["input_ids"] == model.config.image_token_id).int()
+    out = model.generate(**ids, pixel_values=px["pixel_values"], image_grid_thw=px["image_grid_thw"],
+                         mm_token_type_ids=mm, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                         do_sample=False)
+    return tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx-fp32"])
+def test_greedy_answers_equal_transformers_generate(service_for, tiny_model_dir, backend):
+    svc = service_for(backend)
+    for seed in (1, 2):
+        rgb = scene(140, 210, seed=seed)
+        ours = ask(svc, ImageInput(png_bytes(rgb)), QUESTION, max_tokens=10, min_tokens=10)["text"]
+        assert ours == hf_generate(tiny_model_dir, rgb, QUESTION, 10)
+
+
+def test_answers_depend_on_the_image(service_for):
+    svc = service_for("onnx-fp32")
+    answers = {ask(svc, ImageInput(png_bytes(scene(120, 200, seed=s))), QUESTION, max_tokens=8,
+                   min_tokens=8)["text"] for s in range(4)}
+    assert len(answers) >= 2
+
+
+def test_onnx_fp32_matches_torch_and_int8_keeps_cosine(service_for):
+    from vlservice import images as I
+
+    torch_enc = service_for("torch").encoder
+    fp32 = service_for("onnx-fp32").encoder
+    int8 = service_for("onnx-int8").encoder
+    for h, w in [(120, 200), (300, 90), (448, 448)]:
+        p = I.prepare(scene(h, w, seed=h), I.ImageSpec())
+        ref, a, q = torch_enc(p.pixel_values, p.grid_thw), fp32(p.pixel_values, p.grid_thw), int8(
+            p.pixel_values, p.grid_thw)
+        for r, x, y in zip([ref.embeds] + ref.deepstack, [a.embeds] + a.deepstack, [q.embeds] + q.deepstack):
+            assert r.shape == x.shape == y.shape
+            rel = np.abs(r - x).max() / np.abs(r).max()
+            assert rel < 1e-4, f"onnx-fp32 max relative diff {rel:.1e}"
+            cos = (r * y).sum(-1) / (np.linalg.norm(r, axis=-1) * np.linalg.norm(y, axis=-1))
+            assert cos.min() >= 0.99, f"onnx-int8 cosine {cos.min():.4f}"
+
+
+def test_onnx_files_are_cached_by_fingerprint(service_for, cache_dir):
+    svc = service_for("onnx-int8")
+    folders = list((cache_dir / "onnx").iterdir())
+    assert [f.name for f in folders] == [svc.model_fp]
+    assert (folders[0] / "fp32" / "model.onnx").is_file() and (folders[0] / "int8" / "model.onnx").is_file()
+    int8_size = sum(p.stat().st_size for p in (folders[0] / "int8").glob("model.onnx*"))
+    fp32_size = sum(p.stat().st_size for p in (folders[0] / "fp32").glob("model.onnx*"))
+    assert int8_size < fp32_size
+
+
+def test_feature_cache_hit_skips_the_encoder(service_for):
+    svc = service_for("onnx-int8")
+    data = png_bytes(scene(100, 160, seed=42))
+    before = svc.encoder_calls
+    first = ask(svc, ImageInput(data), QUESTION)
+    second = ask(svc, ImageInput(data), "What color is the circle?")
+    assert svc.encoder_calls == before + 1
+    assert first["timings"]["vision_cache_hit"] is False and second["timings"]["vision_cache_hit"] is True
+    assert second["timings"]["vision_encode_ms"] == 0.0
+    # a different detail level is a different budget: a different key
+    ask(svc, ImageInput(png_bytes(scene(900, 1200, seed=42)), detail="low"), QUESTION)
+    ask(svc, ImageInput(png_bytes(scene(900, 1200, seed=42)), detail="high"), QUESTION)
+    assert svc.encoder_calls == before + 3
+
+
+def test_disk_cache_survives_restart_and_drops_corrupt_entries(tmp_path):
+    from vlservice.cache import FeatureCache
+    from vlservice.vision import VisionFeatures
+
+    feats = VisionFeatures(np.ones((4, 8), np.float32), [np.zeros((4, 8), np.float32)] * 3)
+    a = FeatureCache(1 << 20, tmp_path, 1 << 20)
+    a.put("k1", feats)
+    b = FeatureCache(1 << 20, tmp_path, 1 << 20)  # a new process
+    got = b.get("k1")
+    assert got is not None and np.array_equal(got.embeds, feats.embeds) and len(got.deepstack) == 3
+    path = next(tmp_path.glob("*/k1.npz"))
+    path.write_bytes(b"garbage")
+    c = FeatureCache(1 << 20, tmp_path, 1 << 20)
+    assert c.get("k1") is None and not path.exists() and c.stats()["corrupt"] == 1
+
+
+def test_memory_cache_is_bounded_in_bytes():
+    from vlservice.cache import FeatureCache
+    from vlservice.vision import VisionFeatures
+
+    cache = FeatureCache(3 * 4 * 8 * 4 * 2)  # room for three entries of (embeds + one deepstack)
+    for i in range(5):
+        cache.put(f"k{i}", VisionFeatures(np.ones((4, 8), np.float32), [np.ones((4, 8), np.float32)]))
+    st = cache.stats()
+    assert st["entries"] == 3 and st["bytes"] <= st["capacity_bytes"] and st["evictions"] == 2
+    assert cache.get("k0") is None and cache.get("k4") is not None
+
+
+def test_multi_turn_and_two_images(service_for):
+    svc = service_for("onnx-int8")
+    a, b = png_bytes(scene(100, 100, seed=7)), png_bytes(scene(100, 130, seed=8))
+    history = [Message("system", ["You are terse."]), Message("user", [ImageInput(a), QUESTION]),
+               Message("assistant", ["A picture."])]
+    r = ask(svc, "And the colors?", role_history=history)
+    assert r["usage"]["completion_tokens"] >= 1 and r["timings"]["image_tokens"] > 0
+    r2 = ask(svc, ImageInput(a), ImageInput(b), "Compare them.")
+    from vlservice import images as I
+
+    expected = sum(I.prepare(I.decode(x), svc.spec, svc.settings.detail_auto_pixels).num_tokens for x in (a, b))
+    assert r2["timings"]["image_tokens"] == expected
+    text_only = ask(svc, "Hello")
+    assert text_only["timings"]["image_tokens"] == 0 and text_only["usage"]["prompt_tokens"] < 20
+
+
+def test_sampling_is_reproducible_with_a_seed(service_for):
+    svc = service_for("onnx-int8")
+    img = ImageInput(png_bytes(scene(seed=3)))
+    runs = [ask(svc, img, QUESTION, max_tokens=12, min_tokens=12, temperature=1.0, top_p=0.9, top_k=50,
+                seed=s)["text"] for s in (5, 5, 6)]
+    assert runs[0] == runs[1]
+    greedy = ask(svc, img, QUESTION, max_tokens=12, min_tokens=12)["text"]
+    assert greedy == ask(svc, img, QUESTION, max_tokens=12, min_tokens=12)["text"]
+
+
+def test_max_tokens_and_stop_strings(service_for):
+    svc = service_for("onnx-int8")
+    img = ImageInput(png_bytes(scene(seed=4)))
+    full = ask(svc, img, QUESTION, max_tokens=12, min_tokens=12)
+    assert full["finish_reason"] == "length" and full["usage"]["completion_tokens"] == 12
+    text = full["text"]
+    stop = text[len(text) // 2: len(text) // 2 + 2]
+    if stop.strip():
+        cut = ask(svc, img, QUESTION, max_tokens=12, min_tokens=12, stop=(stop,))
+        assert cut["finish_reason"] == "stop" and stop not in cut["text"] and text.startswith(cut["text"])
+
+
+def test_stream_yields_deltas_then_done(service_for):
+    svc = service_for("onnx-int8")
+    gen = svc.submit(ChatRequest([Message("user", [ImageInput(png_bytes(scene(seed=9))), QUESTION])],
+                                 Sampling(max_tokens=6, min_tokens=6)))
+    kinds = [ev.kind for ev in gen.events()]
+    assert kinds[0] == "queued" and kinds[-1] == "done" and "delta" in kinds
+
+
+def test_cancel_stops_within_a_token_and_frees_the_lock(service_for):
+    svc = service_for("onnx-int8")
+    gen = svc.submit(ChatRequest([Message("user", [ImageInput(png_bytes(scene(seed=10))), QUESTION])],
+                                 Sampling(max_tokens=1000, min_tokens=1000)))
+    deltas = 0
+    for ev in gen.events():
+        if ev.kind == "delta":
+            deltas += 1
+            if deltas == 3:
+                gen.cancel()
+        if ev.kind in ("error", "done"):
+            last = ev
+    assert last.kind == "error" and last.error.code == "cancelled"
+    gen.thread.join(2)
+    assert not svc.lock.held
+    assert ask(svc, "Hello", max_tokens=2)["usage"]["completion_tokens"] >= 1
+
+
+def test_busy_when_the_queue_is_full(settings_for):
+    from vlservice.service import load_service
+
+    svc = load_service(settings_for(vision_backend="onnx-int8", queue_size=1, warmup=False, disk_cache_mb=0))
+    long = lambda: ChatRequest([Message("user", ["Hello"])], Sampling(max_tokens=400, min_tokens=400))
+    running, waiting = svc.submit(long()), svc.submit(long())
+    with pytest.raises(Busy) as exc:
+        svc.submit(long())
+    assert exc.value.status == 429 and exc.value.retry_after >= 1
+    running.cancel(), waiting.cancel()
+    for g in (running, waiting):
+        list(g.events())
+    assert svc.submit(ChatRequest([Message("user", ["Hi"])], Sampling(max_tokens=2))).result()["usage"]
+
+
+def test_priority_interactive_goes_first(settings_for):
+    from vlservice.service import load_service
+
+    svc = load_service(settings_for(vision_backend="onnx-int8", queue_size=4, warmup=False, disk_cache_mb=0))
+    order = []
+    first = svc.submit(ChatRequest([Message("user", ["Hello"])], Sampling(max_tokens=60, min_tokens=60)))
+    time.sleep(0.05)
+    batch = svc.submit(ChatRequest([Message("user", ["b"])], Sampling(max_tokens=2), priority="batch"))
+    inter = svc.submit(ChatRequest([Message("user", ["i"])], Sampling(max_tokens=2), priority="interactive"))
+
+    def watch(g, name):
+        for ev in g.events():
+            if ev.kind == "started":
+                order.append(name)
+
+    threads = [threading.Thread(target=watch, args=(g, n)) for g, n in ((batch, "batch"), (inter, "inter"))]
+    [t.start() for t in threads]
+    first.result()
+    [t.join(10) for t in threads]
+    assert order == ["inter", "batch"]
+
+
+def test_validation_happens_before_queueing(service_for):
+    svc = service_for("onnx-int8")
+    with pytest.raises(InvalidImage) as exc:
+        svc.submit(ChatRequest([Message("user", [ImageInput(b"nope", param="messages[0].content[0]"), "hi"])]))
+    assert exc.value.param == "messages[0].content[0]"
+    with pytest.raises(InvalidRequest):
+        svc.submit(ChatRequest([Message("user", ["hi"])], Sampling(max_tokens=10**6)))
+    with pytest.raises(ContextLengthExceeded):
+        svc.submit(ChatRequest([Message("user", ["word " * 9000])], Sampling(max_tokens=10)))
+
+
+def test_timings_report_every_stage(service_for):
+    svc = service_for("onnx-int8")
+    t = ask(svc, ImageInput(png_bytes(scene(seed=11))), QUESTION, max_tokens=4, min_tokens=4)["timings"]
+    for key in ("queue_ms", "image_decode_ms", "preprocess_ms", "cache_lookup_ms", "vision_encode_ms",
+                "prompt_ms", "ttft_ms", "predicted_ms", "predicted_per_second", "total_ms", "image_tokens"):
+        assert key in t and t[key] >= 0
+    assert t["total_ms"] >= t["prompt_ms"] and t["predicted_n"] == 4

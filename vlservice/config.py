@@ -1,0 +1,114 @@
+"""Settings, read once from the environment into one frozen object.
+
+Every knob of the service lives here with its default, so the README's settings table, the
+code and the tests agree. Nothing else reads `os.environ` for a `VL_*` name: `Settings` is built
+once (by `Settings.from_env()`) and passed explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+# OpenCV reads this once, when cv2 is first imported: it is the decoder's own guard against
+# decompression bombs. Set it before anything imports cv2 (images.py also checks the header).
+os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(64 * 1024 * 1024))
+
+DEFAULT_HUB_MODEL = "Qwen/Qwen3-VL-2B-Instruct"
+VISION_BACKENDS = ("onnx-int8", "onnx-fp32", "torch")
+
+
+def _physical_cores() -> int:
+    try:
+        import psutil
+
+        return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+    except Exception:  # pragma: no cover - psutil is a dependency, this is belt and braces
+        return max(1, os.cpu_count() or 1)
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "vlservice")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All settings. Field name `foo_bar` is read from env `VL_FOO_BAR`."""
+
+    model: str = ""  # VL_MODEL: hub id, local dir or "demo"; empty = default hub model, else demo
+    cache_dir: str = field(default_factory=_default_cache_dir)
+    vision_backend: str = "onnx-int8"
+    threads: int = 0  # 0 = physical cores
+    queue_size: int = 8  # callers allowed to wait for the model (beyond the one running)
+    queue_timeout_s: float = 120.0  # a queued request that waits longer gets a timeout error
+    max_tokens_cap: int = 1024  # largest max_tokens a request may ask for
+    default_max_tokens: int = 256
+    max_context_tokens: int = 8192  # prompt + completion
+    max_images: int = 4  # per request
+    max_image_bytes: int = 20 * 1024 * 1024  # encoded size of one image
+    max_request_bytes: int = 64 * 1024 * 1024  # whole HTTP body (MAX_CONTENT_LENGTH)
+    max_image_pixels: int = 40_000_000  # decoded width*height (checked from the header first)
+    min_image_side: int = 1
+    max_aspect_ratio: float = 200.0  # the model's own processor refuses more than 200:1
+    detail_low_pixels: int = 256 * 32 * 32  # about 256 image tokens
+    detail_auto_pixels: int = 768 * 32 * 32  # about 768 image tokens
+    detail_high_pixels: int = 2048 * 32 * 32  # about 2048 image tokens
+    feature_cache_mb: int = 512  # memory tier
+    disk_cache_mb: int = 2048  # disk tier; 0 turns it off
+    warmup: bool = True
+    api_key: str = ""  # empty: no auth on /v1/*
+    cors_origins: str = ""  # comma separated; empty: CORS off
+    remote_images: str = ""  # comma separated https host allowlist; empty: remote URLs refused
+    remote_image_timeout_s: float = 5.0
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, env: dict | None = None, **overrides) -> "Settings":
+        env = os.environ if env is None else env
+        values = {}
+        for f in fields(cls):
+            raw = env.get("VL_" + f.name.upper())
+            if raw is None or raw == "":
+                continue
+            if f.type in ("int",):
+                values[f.name] = int(raw)
+            elif f.type in ("float",):
+                values[f.name] = float(raw)
+            elif f.type in ("bool",):
+                values[f.name] = raw.strip().lower() in ("1", "true", "yes", "on")
+            else:
+                values[f.name] = raw
+        values.update(overrides)
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def with_(self, **changes) -> "Settings":
+        return replace(self, **changes)
+
+    def validate(self) -> None:
+        if self.vision_backend not in VISION_BACKENDS:
+            raise ValueError(
+                f"VL_VISION_BACKEND must be one of {', '.join(VISION_BACKENDS)}, got {self.vision_backend!r}"
+            )
+        if self.queue_size < 0:
+            raise ValueError(f"VL_QUEUE_SIZE must be >= 0, got {self.queue_size}")
+        if not 1 <= self.default_max_tokens <= self.max_tokens_cap:
+            raise ValueError("VL_DEFAULT_MAX_TOKENS must be between 1 and VL_MAX_TOKENS_CAP")
+
+    @property
+    def num_threads(self) -> int:
+        return self.threads if self.threads > 0 else _physical_cores()
+
+    @property
+    def cache_path(self) -> Path:
+        return Path(self.cache_dir)
+
+    def detail_pixels(self, detail: str) -> int:
+        return {
+            "low": self.detail_low_pixels,
+            "auto": self.detail_auto_pixels,
+            "high": self.detail_high_pixels,
+        }[detail]

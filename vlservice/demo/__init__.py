@@ -1,0 +1,1 @@
+"""Offline demo model support: synthetic data for the tiny in-repo Qwen3-VL model."""

@@ -1,0 +1,187 @@
+"""Which checkpoint to serve, and small real checkpoints we build ourselves.
+
+`resolve()` turns `VL_MODEL` into a local directory: a directory as given, a hub id from the local
+Hugging Face cache (or downloaded when the hub is reachable), `demo` for the bundled model. With
+nothing configured it tries the default hub model and falls back to the bundled demo model with
+a warning. When a configured model cannot be found it raises `ModelLoadError` saying what was
+tried and how to fix it.
+
+`make_model()` writes a checkpoint of the real Qwen3-VL architecture (the real transformers
+classes, deepstack layers kept) with a real Qwen tokenizer, chat template and preprocessor file,
+at any size: tiny for tests, the exact real size for the benchmark. Deterministic from a seed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from .config import DEFAULT_HUB_MODEL
+from .errors import ModelLoadError
+
+log = logging.getLogger("vlservice.models")
+
+DEMO_NOTICE = {
+    "en": "Demo model: it knows only simple shapes and printed text; set VL_MODEL to serve Qwen3-VL-2B-Instruct.",
+    "zh": "演示模型：它只认识简单的图形和印刷文字；设置 VL_MODEL 即可使用 Qwen3-VL-2B-Instruct。",
+}
+
+# Sizes for `make_model`: only what differs from the real architecture.
+TINY = {
+    "init": 0.25,  # a larger initializer_range so a random tiny model's answer depends on its input
+    "text": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16,
+                 rope_scaling={"mrope_interleaved": True, "mrope_section": [2, 3, 3], "rope_type": "default"}),
+    "vision": dict(depth=3, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=64,
+                   deepstack_visual_indexes=[0, 1, 2], num_position_embeddings=256),
+}
+REAL = {"text": {}, "vision": {}}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    path: Path
+    name: str  # what /v1/models calls it
+    is_demo: bool = False
+    requested: str = ""
+
+
+def bundled_demo_path() -> Path:
+    return Path(str(resources.files("vlservice").joinpath("assets/demo-model")))
+
+
+def real_architecture() -> dict:
+    text = resources.files("vlservice").joinpath("assets/qwen3-vl-2b-instruct.config.json").read_text()
+    return json.loads(text)
+
+
+def resolve(model: str) -> ModelSource:
+    """`VL_MODEL` to a local checkpoint directory, or ModelLoadError."""
+    if model == "demo":
+        return _demo(requested="demo")
+    if model:
+        path = Path(model).expanduser()
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise ModelLoadError(f"VL_MODEL={model!r} is a directory without config.json")
+            return ModelSource(path=path.resolve(), name=path.name, requested=model)
+        if model.startswith((".", "/", "~")) or os.sep in model.strip("/").replace("/", "", 1):
+            raise ModelLoadError(f"VL_MODEL={model!r}: no such directory")
+        found, tried = _from_hub(model)
+        if found is None:
+            raise ModelLoadError(
+                f"VL_MODEL={model!r} could not be loaded: {tried}. Download it once with "
+                f"`huggingface-cli download {model}` (or set VL_MODEL to a local directory, "
+                f"or VL_MODEL=demo for the bundled demo model)."
+            )
+        return ModelSource(path=found, name=model, requested=model)
+    found, tried = _from_hub(DEFAULT_HUB_MODEL)
+    if found is not None:
+        return ModelSource(path=found, name=DEFAULT_HUB_MODEL)
+    log.warning(
+        "VL_MODEL is not set and %s is not available (%s): serving the bundled DEMO model, which knows "
+        "only simple shapes and printed text. Set VL_MODEL to serve Qwen3-VL-2B-Instruct.",
+        DEFAULT_HUB_MODEL, tried,
+    )
+    return _demo(requested="")
+
+
+def _demo(requested: str) -> ModelSource:
+    path = bundled_demo_path()
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"the bundled demo model is missing at {path}; reinstall vlservice")
+    return ModelSource(path=path, name="qwen3-vl-demo", is_demo=True, requested=requested)
+
+
+def _from_hub(repo_id: str) -> tuple[Path | None, str]:
+    """The hub checkpoint from the local cache, else downloaded if the hub answers."""
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.jinja", "*.safetensors", "*.txt", "merges.txt", "vocab.json"]
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True, allow_patterns=patterns)), ""
+    except Exception as exc:  # not in the cache
+        cache_note = f"not in the local Hugging Face cache ({type(exc).__name__})"
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return None, cache_note + "; HF_HUB_OFFLINE is set"
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, etag_timeout=5)), ""
+    except Exception as exc:
+        return None, f"{cache_note}; the hub could not be reached ({type(exc).__name__})"
+
+
+# --------------------------------------------------------------------------- builders
+
+def preprocessor_config(arch: dict) -> dict:
+    pre = dict(arch["_preprocessor"])
+    return pre
+
+
+def make_config(sizes: dict = TINY, vocab_size: int | None = None, token_ids: dict | None = None):
+    """A `Qwen3VLConfig` of the real architecture with `sizes` applied."""
+    from transformers import Qwen3VLConfig
+
+    arch = copy.deepcopy(real_architecture())
+    arch.pop("_preprocessor")
+    arch["text_config"].update(sizes.get("text", {}))
+    arch["vision_config"].update(sizes.get("vision", {}))
+    if vocab_size is not None:
+        arch["text_config"]["vocab_size"] = vocab_size
+    if "init" in sizes:
+        arch["text_config"]["initializer_range"] = sizes["init"]
+        arch["vision_config"]["initializer_range"] = sizes["init"]
+    if token_ids:
+        arch.update({k: v for k, v in token_ids.items() if k.endswith("_token_id") and k != "eos_token_id"})
+        arch["text_config"]["eos_token_id"] = token_ids["eos_token_id"]
+        arch["text_config"]["bos_token_id"] = token_ids["bos_token_id"]
+    return Qwen3VLConfig(**arch)
+
+
+def make_model(directory: str | Path, sizes: dict = TINY, seed: int = 0, vocab_limit: int | None = None,
+               model=None):
+    """Write a checkpoint of the real architecture (random weights unless `model` is given)."""
+    import torch
+    from transformers import Qwen3VLForConditionalGeneration
+
+    from .tokenizer import save_tokenizer
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tok = save_tokenizer(directory, vocab_limit=vocab_limit)
+    ids = token_ids(tok)
+    vocab_size = None if vocab_limit is None else _round_up(len(tok), 64)
+    config = make_config(sizes, vocab_size=vocab_size, token_ids=ids)
+    if model is None:
+        torch.manual_seed(seed)
+        model = Qwen3VLForConditionalGeneration(config).eval()
+    model.generation_config.eos_token_id = [ids["eos_token_id"], ids["pad_token_id"]]
+    model.generation_config.pad_token_id = ids["pad_token_id"]
+    model.save_pretrained(str(directory))
+    pre = preprocessor_config(real_architecture())
+    (directory / "preprocessor_config.json").write_text(json.dumps(pre, indent=2))
+    (directory / "chat_template.json").write_text(json.dumps({"chat_template": tok.chat_template}, indent=2))
+    return directory
+
+
+def token_ids(tok) -> dict:
+    def tid(t):
+        return tok.convert_tokens_to_ids(t)
+
+    return {
+        "image_token_id": tid("<|image_pad|>"),
+        "video_token_id": tid("<|video_pad|>"),
+        "vision_start_token_id": tid("<|vision_start|>"),
+        "vision_end_token_id": tid("<|vision_end|>"),
+        "eos_token_id": tid("<|im_end|>"),
+        "bos_token_id": tid("<|endoftext|>"),
+        "pad_token_id": tid("<|endoftext|>"),
+    }
+
+
+def _round_up(n: int, k: int) -> int:
+    return (n + k - 1) // k * k
