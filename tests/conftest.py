@@ -86,3 +86,28 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "browser" in item.keywords or "server" in item.keywords:
             item.add_marker(pytest.mark.slow)
+
+
+def data_url(data: bytes, media: str = "image/png") -> str:
+    import base64
+
+    return f"data:{media};base64," + base64.b64encode(data).decode()
+
+
+def image_message(data: bytes, text: str, media: str = "image/png", detail: str = "auto") -> list:
+    return [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_url(data, media), "detail": detail}},
+        {"type": "text", "text": text}]}]
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, cache_dir):
+    """The real server (Gunicorn subprocess) serving the bundled demo model, shared by the session."""
+    from server import ServerProcess
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    env = {"VL_MODEL": os.environ.get("VL_TEST_MODEL", "demo"), "VL_CACHE_DIR": str(cache_dir),
+           "VL_QUEUE_SIZE": "4", "VL_MAX_TOKENS_CAP": "512"}
+    proc = ServerProcess(env, ARTIFACTS / "server.log").start()
+    yield proc
+    proc.stop()

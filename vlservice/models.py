@@ -143,7 +143,7 @@ def make_config(sizes: dict = TINY, vocab_size: int | None = None, token_ids: di
 
 
 def make_model(directory: str | Path, sizes: dict = TINY, seed: int = 0, vocab_limit: int | None = None,
-               model=None):
+               model=None, keep_texts=(), preprocessor: dict | None = None):
     """Write a checkpoint of the real architecture (random weights unless `model` is given)."""
     import torch
     from transformers import Qwen3VLForConditionalGeneration
@@ -152,7 +152,7 @@ def make_model(directory: str | Path, sizes: dict = TINY, seed: int = 0, vocab_l
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tok = save_tokenizer(directory, vocab_limit=vocab_limit)
+    tok = save_tokenizer(directory, vocab_limit=vocab_limit, keep_texts=keep_texts)
     ids = token_ids(tok)
     vocab_size = None if vocab_limit is None else _round_up(len(tok), 64)
     config = make_config(sizes, vocab_size=vocab_size, token_ids=ids)
@@ -163,6 +163,8 @@ def make_model(directory: str | Path, sizes: dict = TINY, seed: int = 0, vocab_l
     model.generation_config.pad_token_id = ids["pad_token_id"]
     model.save_pretrained(str(directory))
     pre = preprocessor_config(real_architecture())
+    if preprocessor:
+        pre.update(preprocessor)
     (directory / "preprocessor_config.json").write_text(json.dumps(pre, indent=2))
     (directory / "chat_template.json").write_text(json.dumps({"chat_template": tok.chat_template}, indent=2))
     return directory

@@ -65,10 +65,33 @@ def _byte_to_unicode() -> dict[int, str]:
     return mapping
 
 
-def _vocab_and_merges(vocab_limit: int | None):
+def _closure(tokens: set, ranks: dict) -> set:
+    """`tokens` plus every piece any of them can be merged from, recursively."""
+    todo, out = list(tokens), set()
+    while todo:
+        tok = todo.pop()
+        if tok in out:
+            continue
+        out.add(tok)
+        for i in range(1, len(tok)):
+            if tok[:i] in ranks and tok[i:] in ranks and ranks[tok[:i]] < ranks[tok] and ranks[tok[i:]] < ranks[tok]:
+                todo += [tok[:i], tok[i:]]
+    return out
+
+
+def _vocab_and_merges(vocab_limit: int | None, keep_texts=()):
     ranks = _ranks()
     if vocab_limit is not None:
-        ranks = {tok: r for tok, r in ranks.items() if r < vocab_limit}
+        keep = {tok for tok, r in ranks.items() if r < vocab_limit}
+        if keep_texts:
+            full = build_tokenizer()
+            b2u = {v: k for k, v in _byte_to_unicode().items()}
+            for text in keep_texts:
+                for piece in full.tokenize(text):
+                    keep.add(bytes(b2u[c] for c in piece))
+        keep = _closure(keep, ranks)
+        # Renumber in rank order: merge priority is unchanged, ids are contiguous.
+        ranks = {tok: i for i, tok in enumerate(sorted(keep, key=ranks.__getitem__))}
     b2u = _byte_to_unicode()
 
     def text(token: bytes) -> str:
@@ -91,13 +114,14 @@ def _vocab_and_merges(vocab_limit: int | None):
     return vocab, [(m[3], m[4]) for m in merges], len(ranks)
 
 
-def build_tokenizer(vocab_limit: int | None = None):
-    """A `Qwen2TokenizerFast` with Qwen's vocabulary (or its first `vocab_limit` ranks)."""
+def build_tokenizer(vocab_limit: int | None = None, keep_texts=()):
+    """A `Qwen2TokenizerFast` with Qwen's vocabulary, or a small closed part of it: its first
+    `vocab_limit` ranks plus the tokens that spell `keep_texts` (so they stay short)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import BPE
     from transformers import Qwen2TokenizerFast
 
-    vocab, merges, size = _vocab_and_merges(vocab_limit)
+    vocab, merges, size = _vocab_and_merges(vocab_limit, tuple(keep_texts))
     bpe = Tokenizer(BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
     bpe.normalizer = normalizers.NFC()
     bpe.pre_tokenizer = pre_tokenizers.Sequence(
@@ -123,7 +147,7 @@ def build_tokenizer(vocab_limit: int | None = None):
     return tok
 
 
-def save_tokenizer(directory: str | Path, vocab_limit: int | None = None):
-    tok = build_tokenizer(vocab_limit)
+def save_tokenizer(directory: str | Path, vocab_limit: int | None = None, keep_texts=()):
+    tok = build_tokenizer(vocab_limit, keep_texts)
     tok.save_pretrained(str(directory))
     return tok

@@ -1,0 +1,32 @@
+"""Gunicorn settings for vlservice; every value can be overridden from the environment.
+
+- preload_app: the app (weights, ONNX export) is built once in the master, before the fork, so
+  the weights are shared copy-on-write between workers instead of loaded twice.
+- gthread workers: one thread streams a generation while others answer /healthz, /api/stats and
+  the page. The model itself is serialised by the service's lock and bounded wait queue.
+- post_worker_init: torch and ONNX Runtime thread pools are not fork-safe, so each worker sets
+  its threads, opens its ONNX Runtime session and warms up after the fork (in a background
+  thread: /healthz answers at once, /readyz says 503 until the warm-up is done).
+- timeout: the gthread worker's heartbeat runs in its main loop, so a long generation does not
+  trip it; it only catches a stuck worker.
+"""
+
+import os
+
+os.environ.setdefault("VL_DEFER_START", "1")  # wsgi.py: start in post_worker_init, after the fork
+
+bind = os.environ.get("VL_BIND", "0.0.0.0:8000")
+workers = int(os.environ.get("VL_WORKERS", "1"))
+worker_class = "gthread"
+threads = int(os.environ.get("VL_HTTP_THREADS", "16"))
+preload_app = True
+timeout = int(os.environ.get("VL_WORKER_TIMEOUT", "120"))
+graceful_timeout = int(os.environ.get("VL_GRACEFUL_TIMEOUT", "30"))
+keepalive = 5
+accesslog = os.environ.get("VL_ACCESS_LOG", "-")
+access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(L)ss'
+loglevel = os.environ.get("VL_LOG_LEVEL", "info").lower()
+
+
+def post_worker_init(worker):
+    worker.wsgi.extensions["vlservice"].start_in_background()

@@ -1,0 +1,62 @@
+"""The page and the operational endpoints: `/`, `/api/config`, `/api/stats`, `/healthz`,
+`/readyz`, `/metrics`. The page itself talks only to the public API."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, current_app, render_template
+
+from .errors import NotReady
+
+bp = Blueprint("web", __name__)
+
+
+def _ctx():
+    return current_app.extensions["vlservice"]
+
+
+@bp.get("/")
+def index():
+    return render_template("index.html")
+
+
+@bp.get("/api/config")
+def config():
+    ctx = _ctx()
+    s, svc = ctx.settings, ctx.service
+    spec = svc.spec
+    per_token = ctx.encode_ms_per_token()
+    return {
+        "model": svc.model_name, "demo": svc.is_demo, "demo_notice": svc.info()["demo_notice"],
+        "detail_max_pixels": {d: min(s.detail_pixels(d), spec.max_pixels) for d in ("low", "auto", "high")},
+        "min_pixels": spec.min_pixels, "token_factor": spec.factor, "encode_ms_per_token": per_token,
+        "default_max_tokens": s.default_max_tokens, "max_tokens_cap": s.max_tokens_cap,
+        "api_key_required": bool(s.api_key), "max_image_bytes": s.max_image_bytes, "max_images": s.max_images,
+        "vision_backend": s.vision_backend,
+    }
+
+
+@bp.get("/api/stats")
+def stats():
+    ctx = _ctx()
+    return {"cpu": ctx.sampler.snapshot(), "rss_bytes": ctx.sampler.rss_bytes(), **ctx.service.stats(),
+            "ready": ctx.service.ready, "model": ctx.service.model_name}
+
+
+@bp.get("/healthz")
+def healthz():
+    return {"status": "ok"}
+
+
+@bp.get("/readyz")
+def readyz():
+    ctx = _ctx()
+    if not ctx.service.ready:
+        raise NotReady("the model is loading and warming up")
+    info = ctx.service.info()
+    return {"status": "ready", "model": info["model"], "demo": info["demo"], "notice": (info["demo_notice"] or {}).get("en"),
+            "vision_backend": info["vision_backend"], "load_s": info["load_s"], "warmup_s": info["warmup_s"]}
+
+
+@bp.get("/metrics")
+def metrics():
+    return Response(_ctx().metrics.render(), mimetype="text/plain; version=0.0.4")
