@@ -72,14 +72,18 @@ class Settings:
             raw = env.get("VL_" + f.name.upper())
             if raw is None or raw == "":
                 continue
-            if f.type in ("int",):
-                values[f.name] = int(raw)
-            elif f.type in ("float",):
-                values[f.name] = float(raw)
-            elif f.type in ("bool",):
-                values[f.name] = raw.strip().lower() in ("1", "true", "yes", "on")
-            else:
-                values[f.name] = raw
+            try:
+                if f.type == "int":
+                    values[f.name] = int(raw)
+                elif f.type == "float":
+                    values[f.name] = float(raw)
+                elif f.type == "bool":
+                    values[f.name] = raw.strip().lower() in ("1", "true", "yes", "on")
+                else:
+                    values[f.name] = raw
+            except ValueError:
+                raise ValueError(f"VL_{f.name.upper()} must be {'an integer' if f.type == 'int' else 'a number'}, "
+                                 f"got {raw!r}") from None
         values.update(overrides)
         settings = cls(**values)
         settings.validate()

@@ -151,9 +151,13 @@ class Generation:
                 except queue.Empty:
                     yield None
                     continue
-                yield ev
                 if ev.kind in ("done", "error"):
+                    # The worker is only releasing the lock now: wait for it, so that a process
+                    # exiting right after a request does not kill a thread inside torch.
+                    self.thread.join(timeout=10)
+                    yield ev
                     return
+                yield ev
         finally:
             self.cancel()  # a consumer that stops early (client gone) frees the model
 

@@ -1,0 +1,170 @@
+"""The command-line interface, run for real as `python -m vlservice ...` subprocesses.
+
+Each model-loading subprocess takes a few seconds (model load, ONNX export the first time), so
+the expensive runs are few and their results are shared between assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, png_bytes, scene
+
+COMMANDS = ["make-test-model", "export", "chat", "serve", "bench", "train-demo", "eval-demo", "compare", "soak"]
+
+
+@pytest.fixture(scope="module")
+def cli_env(tiny_model_dir, cache_dir):
+    env = dict(os.environ)
+    env.update(VL_MODEL=str(tiny_model_dir), VL_CACHE_DIR=str(cache_dir), HF_HUB_OFFLINE="1",
+               VL_VISION_BACKEND="onnx-fp32", VL_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env.pop("VL_LOG_LEVEL", None)
+    return env
+
+
+def run_cli(env, *args, timeout=180):
+    return subprocess.run([sys.executable, "-m", "vlservice", *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def image_path(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cli-images") / "scene.png"
+    path.write_bytes(png_bytes(scene()))
+    return path
+
+
+# --------------------------------------------------------------------------- no model needed
+
+def test_help_names_every_command(cli_env):
+    r = run_cli(cli_env, "--help")
+    assert r.returncode == 0, r.stderr
+    for name in COMMANDS:
+        assert name in r.stdout
+    for line in r.stdout.splitlines():  # one line of help per command
+        words = line.split()
+        if words and words[0] in COMMANDS:
+            assert len(words) > 1, line
+
+
+def test_missing_image_path_exits_2_before_loading(cli_env, tmp_path):
+    missing = tmp_path / "nope.png"
+    r = run_cli(cli_env, "chat", "--image", missing, "What is this?")
+    assert r.returncode == 2
+    assert "error:" in r.stderr and str(missing) in r.stderr
+    assert "not found" in r.stderr
+    assert r.stdout == ""
+
+
+def test_placeholder_command_not_in_this_build_or_dispatched(cli_env):
+    import importlib.util
+
+    r = run_cli(cli_env, "soak", "--whatever", "x")
+    if importlib.util.find_spec("vlservice.soak") is None:
+        assert r.returncode == 2
+        assert "not available in this build" in r.stderr
+    else:  # provided by now: the arguments reached it (its own parser may refuse them)
+        assert "not available in this build" not in r.stderr
+
+
+def test_serve_execs_gunicorn_with_bind(monkeypatch, tmp_path):
+    import importlib.util
+
+    from vlservice import cli
+
+    (tmp_path / "gunicorn.conf.py").write_text("")
+    called = {}
+
+    def fake_exec(file, argv):
+        called.update(file=file, argv=argv, bind=os.environ.get("VL_BIND"), workers=os.environ.get("VL_WORKERS"))
+        raise SystemExit(0)
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(cli, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(cli.os, "execvp", fake_exec)
+    monkeypatch.setattr(cli.importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "gunicorn" else real_find_spec(name, *a))
+    saved = dict(os.environ)
+    try:
+        with pytest.raises(SystemExit):
+            cli.main(["serve", "--bind", "127.0.0.1:8123", "--workers", "2"])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert called["file"] == sys.executable
+    assert called["argv"] == [sys.executable, "-m", "gunicorn", "-c", str(tmp_path / "gunicorn.conf.py"), "wsgi:app"]
+    assert called["bind"] == "127.0.0.1:8123" and called["workers"] == "2"
+    assert cli.main(["serve", "--bind", "nonsense"]) == 2
+
+
+def test_repo_root_is_parent_of_package():
+    from vlservice import cli
+
+    assert cli.REPO_ROOT == ROOT
+    assert (cli.REPO_ROOT / "vlservice" / "cli.py").is_file()
+
+
+# --------------------------------------------------------------------------- with the tiny model
+
+def test_make_test_model_loads_with_autotokenizer(cli_env, tmp_path):
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "made"
+    r = run_cli(cli_env, "make-test-model", out, "--seed", "3", "--vocab-limit", "2000")
+    assert r.returncode == 0, r.stderr
+    assert Path(r.stdout.strip()) == out.resolve()
+    for name in ("config.json", "model.safetensors", "tokenizer_config.json", "preprocessor_config.json"):
+        assert (out / name).is_file(), name
+    assert list(out.glob("tokenizer*.json")) or (out / "vocab.json").is_file()
+    tok = AutoTokenizer.from_pretrained(str(out))
+    assert tok("a cat").input_ids
+    assert len(tok) < 5000  # the vocabulary limit took effect
+    assert json.loads((out / "config.json").read_text())["text_config"]["vocab_size"] >= len(tok)
+
+
+def test_export_fp32_prints_an_existing_path(cli_env):
+    r = run_cli(cli_env, "export", "--backend", "onnx-fp32")
+    assert r.returncode == 0, r.stderr
+    line = r.stdout.strip().splitlines()[-1]
+    assert line.startswith("onnx-fp32: ")
+    path = Path(line.split()[1])
+    assert path.is_file() and path.suffix == ".onnx"
+    assert "export" in line and "quantize" in line
+
+
+def test_chat_json(cli_env, image_path):
+    r = run_cli(cli_env, "chat", "--json", "--image", image_path, "--max-tokens", "5", "Describe this image.")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)  # the whole of stdout is one JSON object
+    assert set(out) == {"answer", "finish_reason", "usage", "timings"}
+    assert isinstance(out["answer"], str) and out["answer"]
+    assert 1 <= out["usage"]["completion_tokens"] <= 5
+    assert out["finish_reason"] in ("stop", "length")
+    for key in ("vision_encode_ms", "prompt_ms", "ttft_ms", "total_ms"):
+        assert key in out["timings"], key
+
+
+def test_chat_streams_answer_and_prints_timings(cli_env, image_path):
+    r = run_cli(cli_env, "chat", "--image", image_path, "--system", "Be brief.", "--max-tokens", "4",
+                "--temperature", "0.7", "--seed", "1", "What is here?")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+    assert "vision_encode" not in r.stdout and "timings" not in r.stdout
+    assert "vision_encode" in r.stderr and "tokens/s" in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.rstrip().endswith(" ms")]
+    assert lines and len({ln.index(" ms") for ln in lines}) == 1  # aligned
+
+
+def test_chat_non_image_exits_2(cli_env, tmp_path):
+    bad = tmp_path / "notes.png"
+    bad.write_text("this is not an image\n")
+    r = run_cli(cli_env, "chat", "--image", bad, "What is this?")
+    assert r.returncode == 2
+    assert "error:" in r.stderr
+    assert r.stdout == ""

@@ -1,0 +1,8 @@
+"""`python -m vlservice`: see `vlservice.cli`."""
+
+import sys
+
+from vlservice.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
