@@ -28,12 +28,12 @@ C_EN = "(?:" + "|".join(COLORS) + ")"
 S_EN = "(?:" + "|".join(SHAPES) + ")"
 C_ZH = "(?:" + "|".join(COLORS_ZH.values()) + ")"
 S_ZH = "(?:" + "|".join(SHAPES_ZH.values()) + ")"
-ITEM_EN = f"a {C_EN} {S_EN}"
+ITEM_EN = f"(?:a (?!orange){C_EN}|an orange) {S_EN}"
 ITEM_ZH = f"一个{C_ZH}的{S_ZH}"
 TEXT = r"(?:\d{1,6}|[A-Z]{3,5}|[A-Z]{3,5} [A-Z]{3,5})"
 
 ANSWER_PATTERNS = {
-    ("shapes", "describe", "en"): f"A {C_EN} {S_EN}(?:(?:, {ITEM_EN})? and {ITEM_EN})?\\.",
+    ("shapes", "describe", "en"): f"(?:A (?!orange){C_EN}|An orange) {S_EN}(?:(?:, {ITEM_EN})? and {ITEM_EN})?\\.",
     ("shapes", "describe", "zh"): f"{ITEM_ZH}(?:(?:、{ITEM_ZH})?和{ITEM_ZH})?。",
     ("shapes", "color", "en"): "(?:" + "|".join(c.capitalize() for c in COLORS) + r")\.",
     ("shapes", "color", "zh"): f"{C_ZH}。",

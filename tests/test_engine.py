@@ -253,3 +253,53 @@ def test_timings_report_every_stage(service_for):
                 "prompt_ms", "ttft_ms", "predicted_ms", "predicted_per_second", "total_ms", "image_tokens"):
         assert key in t and t[key] >= 0
     assert t["total_ms"] >= t["prompt_ms"] and t["predicted_n"] == 4
+
+
+def test_follow_up_reuses_the_kv_cache_and_answers_identically(service_for, settings_for):
+    from vlservice.service import load_service
+
+    svc = service_for("onnx-int8")
+    plain = load_service(settings_for(vision_backend="onnx-int8", kv_cache_mb=0, result_cache_entries=0,
+                                      disk_cache_mb=0, warmup=False))
+    img = ImageInput(png_bytes(scene(150, 150, seed=31)))
+    first = ask(svc, img, QUESTION, max_tokens=8, min_tokens=8)
+    history = [Message("user", [img, QUESTION]), Message("assistant", [first["text"]])]
+    calls = svc.encoder_calls
+    reused = ask(svc, "What else?", role_history=history, max_tokens=8, min_tokens=8)
+    fresh = ask(plain, "What else?", role_history=history, max_tokens=8, min_tokens=8)
+    assert reused["text"] == fresh["text"]
+    assert svc.encoder_calls == calls  # the image was inside the reused prefix: not encoded, not looked up
+    t = reused["timings"]
+    assert t["cache_n"] > t["image_tokens"] and t["prompt_n"] < 20 and t["vision_encode_ms"] == 0.0
+    assert fresh["timings"]["cache_n"] == 0
+    assert reused["usage"]["prompt_tokens"] == fresh["usage"]["prompt_tokens"]
+
+
+def test_identical_request_prefills_one_token_and_result_cache(service_for):
+    svc = service_for("onnx-int8")
+    img = ImageInput(png_bytes(scene(120, 120, seed=32)))
+    msgs = [Message("user", [img, QUESTION])]
+    sampling = dict(max_tokens=6, min_tokens=6)
+    a = svc.chat(ChatRequest(msgs, Sampling(**sampling), result_cache=False))
+    b = svc.chat(ChatRequest(msgs, Sampling(**sampling), result_cache=False))
+    assert a["text"] == b["text"] and b["timings"]["prompt_n"] == 1
+    assert b["timings"]["result_cache_hit"] is False
+    c = svc.chat(ChatRequest(msgs, Sampling(**sampling)))  # stored by this one
+    d = svc.chat(ChatRequest(msgs, Sampling(**sampling)))
+    assert d["timings"]["result_cache_hit"] is True and d["text"] == a["text"] == c["text"]
+    assert d["usage"] == a["usage"] and d["timings"]["predicted_n"] == 6
+    sampled = svc.chat(ChatRequest(msgs, Sampling(temperature=1.0, seed=1, **sampling)))
+    assert sampled["timings"]["result_cache_hit"] is False  # only greedy answers are cached
+
+
+def test_prefix_cache_is_bounded_and_never_ends_inside_an_image():
+    from vlservice.kvcache import PrefixCache, shared_prefix
+
+    a = np.array([1, 2, 9, 9, 9, 3, 4])
+    imgs_a = [(2, 5, "x")]
+    assert shared_prefix(a, imgs_a, a, imgs_a) == 7
+    assert shared_prefix(a, imgs_a, a, [(2, 5, "y")]) == 2  # another image: cut before it
+    b = np.array([1, 2, 9, 9, 5])
+    assert shared_prefix(a, imgs_a, b, [(2, 4, "x")]) == 2  # differs inside the image run
+    cache = PrefixCache(max_bytes=0)
+    assert cache.take(a, imgs_a) == (None, 0)

@@ -56,6 +56,8 @@ class Settings:
     detail_auto_pixels: int = 768 * 32 * 32  # about 768 image tokens
     detail_high_pixels: int = 2048 * 32 * 32  # about 2048 image tokens
     feature_cache_mb: int = 512  # memory tier
+    kv_cache_mb: int = 1024  # conversations' KV caches kept for follow-ups; 0 turns reuse off
+    result_cache_entries: int = 256  # identical greedy requests answered at once; 0 turns it off
     disk_cache_mb: int = 2048  # disk tier; 0 turns it off
     warmup: bool = True
     api_key: str = ""  # empty: no auth on /v1/*

@@ -41,6 +41,19 @@ class Prompt:
     def __len__(self) -> int:
         return len(self.input_ids)
 
+    def image_spans(self, image_token_id: int) -> list[tuple[int, int]]:
+        """(start, end) of each image's run of placeholder tokens, in order."""
+        spans, start = [], None
+        for i, t in enumerate(self.input_ids):
+            if t == image_token_id and start is None:
+                start = i
+            elif t != image_token_id and start is not None:
+                spans.append((start, i))
+                start = None
+        if start is not None:
+            spans.append((start, len(self.input_ids)))
+        return spans
+
 
 def render_chat(tokenizer, messages: list[dict]) -> str:
     """The chat template's text, with one `<|image_pad|>` per image (as the processor expects)."""
@@ -88,11 +101,13 @@ class Decoder:
 
     # ----------------------------------------------------------------- forward passes
     @torch.inference_mode()
-    def prefill(self, prompt: Prompt, features: list[VisionFeatures], cache):
-        """Run the whole prompt; returns the logits of the next token."""
-        ids = torch.tensor([prompt.input_ids], dtype=torch.long)
+    def prefill(self, prompt: Prompt, features: list[VisionFeatures], cache, start: int = 0):
+        """Run the prompt from token `start` (the cache holds the ones before); returns the logits
+        of the next token. `features` are those of the images after `start`, in order."""
+        all_pos, delta = self.positions(prompt)
+        ids = torch.tensor([prompt.input_ids[start:]], dtype=torch.long)
+        pos = all_pos[:, :, start:]
         embeds = self.embed(ids)
-        pos, delta = self.positions(prompt)
         kwargs = {}
         if features:
             mask = ids == self.image_token_id
@@ -207,6 +222,10 @@ class TextStream:
         delta = text[self.emitted:safe]
         self.emitted = max(self.emitted, safe)
         return delta
+
+    def text_sent(self) -> str:
+        """Everything emitted so far (after `flush`: the whole answer as the client saw it)."""
+        return self.text()[:self.emitted]
 
     def flush(self) -> str:
         if self.stopped:

@@ -104,7 +104,10 @@ def parse_chat(body, settings: Settings, defaults: dict | None = None, fetch_rem
     sampling = Sampling(max_tokens=max_tokens, min_tokens=min_tokens, temperature=float(temperature),
                         top_p=float(top_p), top_k=int(top_k), repetition_penalty=float(rep), seed=seed,
                         stop=tuple(s for s in stop if s))
-    request = ChatRequest(messages=messages, sampling=sampling)
+    result_cache = body.get("result_cache", True)
+    if not isinstance(result_cache, bool):
+        raise _bad("`result_cache` must be a boolean", "result_cache", "invalid_type")
+    request = ChatRequest(messages=messages, sampling=sampling, result_cache=result_cache)
     return request, {"stream": stream, "include_usage": bool(so.get("include_usage")), "model": model}
 
 

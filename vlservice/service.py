@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from . import images as imgs
-from .cache import FeatureCache, feature_key
+from .cache import FeatureCache, ResultCache, feature_key
+from .kvcache import PrefixCache
 from .config import Settings
 from .errors import (APIError, Busy, Cancelled, ContextLengthExceeded, EngineError, InvalidRequest,
                      NotReady, QueueTimeout)
@@ -64,6 +65,7 @@ class ChatRequest:
     messages: list
     sampling: Sampling = field(default_factory=Sampling)
     priority: str = "default"
+    result_cache: bool = True  # an identical greedy request may be answered from the result cache
     id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex[:24])
 
     @property
@@ -177,7 +179,9 @@ class Generation:
 # --------------------------------------------------------------------------- the service
 
 class VLModelService:
-    def __init__(self, settings: Settings, source: ModelSource | None = None):
+    def __init__(self, settings: Settings, source: ModelSource | None = None, model=None):
+        """`model`: an already loaded `Qwen3VLForConditionalGeneration` of `source` to share (the
+        benchmark runs several configurations over one copy of the weights)."""
         import torch
         from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
 
@@ -191,7 +195,9 @@ class VLModelService:
             self.tokenizer.chat_template = json.loads((path / "chat_template.json").read_text())["chat_template"]
         pre = json.loads((path / "preprocessor_config.json").read_text())
         self.spec = imgs.ImageSpec.from_preprocessor_config(pre)
-        self.model = Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
+        if model is None:
+            model = Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32)
+        self.model = model.eval()
         self.model.requires_grad_(False)
         gen = self.model.generation_config
         eos = gen.eos_token_id if isinstance(gen.eos_token_id, (list, tuple)) else [gen.eos_token_id]
@@ -260,6 +266,8 @@ class VLModelService:
         self.export_stats = {**stats, **{k: v for k, v in self.export_stats.items() if v}}
         disk_dir = self.settings.cache_path / "features" if self.settings.disk_cache_mb > 0 else None
         self.cache = FeatureCache(self.settings.feature_cache_mb << 20, disk_dir, self.settings.disk_cache_mb << 20)
+        self.kv = PrefixCache(self.settings.kv_cache_mb << 20)
+        self.results = ResultCache(self.settings.result_cache_entries)
         if self.settings.warmup:
             self._warmup()
         self.warmup_s = time.perf_counter() - t0
@@ -321,7 +329,12 @@ class VLModelService:
             self.counters["busy"] += 1
             raise Busy(f"the server is busy ({self.settings.queue_size} requests already waiting); retry later",
                        retry_after=self._retry_after())
-        work = {"prepared": prepared, "keys": keys, "prompt": prompt,
+        spans = prompt.image_spans(self.decoder.image_token_id)
+        images = [(a, b, k) for (a, b), k in zip(spans, keys)]
+        result_key = None
+        if request.result_cache and s.greedy:
+            result_key = ResultCache.key(self.model_fp, self.encoder.name, prompt.input_ids, keys, s)
+        work = {"prepared": prepared, "keys": keys, "prompt": prompt, "images": images, "result_key": result_key,
                 "timings": {"image_decode_ms": decode_s * 1e3, "preprocess_ms": prep_s * 1e3,
                             "submit_ms": (time.perf_counter() - t0) * 1e3},
                 "t_submit": time.perf_counter(), "queue_position": self.lock.waiting + int(self.lock.held)}
@@ -375,6 +388,10 @@ class VLModelService:
         got_lock = False
         try:
             put(Event("queued", data={"position": work["queue_position"]}))
+            cached = self.results.get(work["result_key"]) if work["result_key"] else None
+            if cached is not None:
+                self._replay(gen, cached, timings)
+                return
             t = time.perf_counter()
             got_lock = self.lock.acquire(PRIORITIES.get(gen.request.priority, 1), self.settings.queue_timeout_s,
                                          gen.cancelled)
@@ -400,10 +417,12 @@ class VLModelService:
             with self._active_lock:
                 self._active.pop(gen.id, None)
 
-    def _features(self, gen: Generation, timings: dict) -> list:
+    def _features(self, gen: Generation, timings: dict, needed: list) -> list:
+        """Features of the images `needed` (indices): from the cache, else the encoder."""
         work = gen.work
         feats, hit_all, lookup_s, encode_s = [], True, 0.0, 0.0
-        for p, key in zip(work["prepared"], work["keys"]):
+        for i in needed:
+            p, key = work["prepared"][i], work["keys"][i]
             t = time.perf_counter()
             f = self.cache.get(key) if key else None
             lookup_s += time.perf_counter() - t
@@ -427,13 +446,34 @@ class VLModelService:
 
     def _generate(self, gen: Generation, timings: dict) -> None:
         s = gen.request.sampling
-        prompt = gen.work["prompt"]
+        prompt, images = gen.work["prompt"], gen.work["images"]
         t_start = time.perf_counter()
-        feats = self._features(gen, timings)
+        ids = np.asarray(prompt.input_ids, dtype=np.int64)
+        entry, shared = self.kv.take(ids, images)
+        if entry is not None:
+            cache = entry.cache
+            start = min(shared, len(prompt) - 1)  # at least one token to prefill: its logits
+            cache.crop(start - cache.get_seq_length())
+        else:
+            cache, start = self.decoder.new_cache(), 0
+        needed = [i for i, (a, _, _) in enumerate(images) if a >= start]
+        feats = self._features(gen, timings, needed)
+        if len(needed) < len(images):
+            timings["vision_cache_hit"] = True  # inside the reused prefix: not even looked up
         gen.queue.put(Event("stage", data={"stage": "prefill"}))
         t = time.perf_counter()
-        cache = self.decoder.new_cache()
-        logits = self.decoder.prefill(prompt, feats, cache)
+        fed = list(prompt.input_ids)
+        try:
+            self._decode(gen, timings, prompt, feats, cache, start, fed, t, t_start)
+        except (Cancelled, KeyboardInterrupt):
+            self.kv.put(np.asarray(fed, dtype=np.int64), images, cache)  # consistent between tokens
+            raise
+        else:
+            self.kv.put(np.asarray(fed, dtype=np.int64), images, cache)
+
+    def _decode(self, gen, timings, prompt, feats, cache, start, fed, t, t_start) -> None:
+        s = gen.request.sampling
+        logits = self.decoder.prefill(prompt, feats, cache, start)
         sampler = Sampler(s)
         stream = TextStream(self.tokenizer, s.stop)
         seen = list(prompt.input_ids)
@@ -461,21 +501,46 @@ class VLModelService:
             if gen.cancelled.is_set():
                 raise Cancelled("the request was cancelled")
             logits = self.decoder.step(token, cache)
+            fed.append(token)
             token = sampler(logits, seen, forbid=eos if n < s.min_tokens else None)
         tail = stream.flush()
         if tail:
             gen.queue.put(Event("delta", text=tail))
         decode_s = time.perf_counter() - t_decode
         timings.update({
-            "prompt_n": len(prompt), "prompt_per_second": len(prompt) / prefill_s if prefill_s else 0.0,
+            "prompt_n": len(prompt) - start, "cache_n": start, "result_cache_hit": False,
+            "prompt_per_second": (len(prompt) - start) / prefill_s if prefill_s else 0.0,
             "predicted_n": n, "predicted_ms": decode_s * 1e3,
             "predicted_per_second": (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
-            "cache_n": 0, "total_ms": (time.perf_counter() - gen.work["t_submit"]) * 1e3,
+            "total_ms": (time.perf_counter() - gen.work["t_submit"]) * 1e3,
             "model_ms": (time.perf_counter() - t_start) * 1e3,
         })
         usage = {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n}
+        if gen.work["result_key"]:
+            self.results.put(gen.work["result_key"], {"text": stream.text_sent(), "finish_reason": finish,
+                                                      "usage": usage})
+        self._finish(gen, timings, finish, usage)
+
+    def _replay(self, gen: Generation, cached: dict, timings: dict) -> None:
+        """An identical greedy request answered from the result cache: no model work, no queue."""
+        gen.queue.put(Event("started"))
+        if cached["text"]:
+            gen.queue.put(Event("delta", text=cached["text"]))
+        usage = dict(cached["usage"])
+        n = usage["completion_tokens"]
+        timings.update({"queue_ms": 0.0, "cache_lookup_ms": 0.0, "vision_encode_ms": 0.0, "vision_cache_hit": True,
+                        "image_tokens": sum(p.num_tokens for p in gen.work["prepared"]), "prompt_ms": 0.0,
+                        "prompt_n": 0, "cache_n": usage["prompt_tokens"], "prompt_per_second": 0.0,
+                        "predicted_n": n, "predicted_ms": 0.0, "predicted_per_second": 0.0,
+                        "result_cache_hit": True,
+                        "ttft_ms": (time.perf_counter() - gen.work["t_submit"]) * 1e3})
+        timings["total_ms"] = timings["ttft_ms"]
+        self._finish(gen, timings, cached["finish_reason"], usage)
+
+    def _finish(self, gen: Generation, timings: dict, finish: str, usage: dict) -> None:
+        n = usage["completion_tokens"]
         self.counters["completed"] += 1
-        self.counters["prompt_tokens"] += len(prompt)
+        self.counters["prompt_tokens"] += usage["prompt_tokens"]
         self.counters["completion_tokens"] += n
         self.last_timings = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in timings.items()}
         for listener in self.listeners:
@@ -499,6 +564,8 @@ class VLModelService:
         return {
             "queue_depth": self.lock.waiting, "busy": self.lock.held,
             "cache": self.cache.stats() if self.cache else {},
+            "kv_cache": self.kv.stats() if self.cache else {},
+            "result_cache": self.results.stats() if self.cache else {},
             "last_timings": self.last_timings, "counters": dict(self.counters),
             "encoder_calls": self.encoder_calls,
         }

@@ -222,7 +222,7 @@ def _phrase(shape: str, color: str, lang: str) -> str:
 
 def _describe_shapes(objects: tuple, lang: str) -> str:
     if lang == "en":
-        items = [f"a {_phrase(s, c, lang)}" for s, c, *_ in objects]
+        items = [f"{'an' if c == 'orange' else 'a'} {_phrase(s, c, lang)}" for s, c, *_ in objects]
         text = items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
         return text[0].upper() + text[1:] + "."
     items = [f"一个{_phrase(s, c, lang)}" for s, c, *_ in objects]

@@ -1,0 +1,473 @@
+"""`python -m vlservice bench`: the real-size model, baseline and vlservice side by side, one run.
+
+Real weights cannot be downloaded here, but a random-weight checkpoint of the exact architecture
+(`assets/qwen3-vl-2b-instruct.config.json`) runs at exactly the real speed. It is built once,
+seeded, under `VL_CACHE_DIR/bench-model`, and its vision encoder exported and quantised there.
+
+In one process, over one copy of the weights, variants are interleaved run by run (A B C ... A B
+C ...) so that drift on a shared machine hits all of them alike:
+
+- baseline: what users run without us: the Hugging Face image processor (PIL backend), the
+  tokenizer's chat template and `model.generate`, PyTorch float32, vision in PyTorch, no cache;
+- vlservice with each vision backend (torch, onnx-fp32, onnx-int8) on a new image (cold), the same
+  image again (warm: feature cache hit), and a follow-up question in the same conversation.
+
+Every answer is forced to the same length (min = max new tokens), greedy. Reported: medians of
+the runs with min and max per stage, each variant's end-to-end and first-token ratio to the
+baseline computed pair by pair (run i of the variant against run i of the baseline), peak RSS,
+build/export/quantise times, ONNX sizes, the INT8 encoder's fidelity, and the machine's limits
+measured in the same run (memory bandwidth, GEMM throughput) with the fraction of each we reach.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import os
+import platform
+import resource
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("vlservice.bench")
+
+WORKLOADS = {
+    "photo": {"size": (448, 448), "prompt": "Describe this image."},
+    "document": {"size": (768, 1024), "prompt": "Read all the text in this image."},
+}
+STAGES = ("image_decode_ms", "preprocess_ms", "vision_encode_ms", "prompt_ms", "decode_ms")
+
+
+# --------------------------------------------------------------------------- inputs
+
+def photo_like(h: int, w: int, seed: int = 0) -> np.ndarray:
+    """Smooth gradients, blobs and texture: compresses and encodes like a photo."""
+    import cv2
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    img = np.stack([120 + 80 * np.sin(x / 57 + c) * np.cos(y / 43 - c) for c in (0.0, 1.3, 2.6)], -1)
+    for _ in range(12):
+        c = (int(rng.integers(0, w)), int(rng.integers(0, h)))
+        cv2.circle(img, c, int(rng.integers(10, h // 4)), tuple(float(v) for v in rng.integers(0, 255, 3)), -1,
+                   cv2.LINE_AA)
+    img += rng.normal(0, 6, img.shape)
+    return np.clip(cv2.GaussianBlur(img, (0, 0), 1.2), 0, 255).astype(np.uint8)
+
+
+def document_like(h: int, w: int, seed: int = 0) -> np.ndarray:
+    import cv2
+
+    rng = np.random.default_rng(seed)
+    img = np.full((h, w, 3), 248, np.uint8)
+    words = ["invoice", "total", "amount", "date", "service", "CPU", "report", "quarter", "2026", "items",
+             "summary", "page", "net", "tax", "order", "customer"]
+    y = 60
+    while y < h - 40:
+        line = " ".join(rng.choice(words, int(rng.integers(4, 9))))
+        cv2.putText(img, line, (50, y), cv2.FONT_HERSHEY_SIMPLEX, 0.8, (20, 20, 20), 2, cv2.LINE_AA)
+        y += int(rng.integers(34, 46))
+    return img
+
+
+def encode_jpeg(rgb: np.ndarray) -> bytes:
+    import cv2
+
+    return cv2.imencode(".jpg", rgb[:, :, ::-1].copy(), [cv2.IMWRITE_JPEG_QUALITY, 92])[1].tobytes()
+
+
+def workload_images(quick: bool) -> dict:
+    out = {}
+    for name, wl in WORKLOADS.items():
+        h, w = wl["size"]
+        if quick:
+            h, w = h // 4, w // 4
+        maker = photo_like if name == "photo" else document_like
+        out[name] = [encode_jpeg(maker(h, w, seed=s)) for s in range(8)]  # a new image per cold run
+    return out
+
+
+# --------------------------------------------------------------------------- model
+
+def bench_model(cache_dir: Path, quick: bool) -> tuple[Path, float]:
+    from .models import REAL, TINY, make_model
+
+    folder = cache_dir / ("bench-model-tiny" if quick else "bench-model")
+    if (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file():
+        return folder, 0.0
+    t0 = time.perf_counter()
+    log.info("building the %s random-weight checkpoint in %s (once)", "tiny" if quick else "real-size", folder)
+    make_model(folder, TINY if quick else REAL, seed=1234)
+    return folder, time.perf_counter() - t0
+
+
+# --------------------------------------------------------------------------- baseline
+
+class Baseline:
+    """The Hugging Face path: PIL processor, chat template, `model.generate` (vision in PyTorch)."""
+
+    name = "baseline"
+
+    def __init__(self, model, tokenizer, model_dir: Path):
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        pre = json.loads((model_dir / "preprocessor_config.json").read_text())
+        self.processor = Qwen2VLImageProcessorPil(**{k: pre[k] for k in (
+            "patch_size", "temporal_patch_size", "merge_size", "image_mean", "image_std", "size")})
+        self.model, self.tok = model, tokenizer
+        self._vision_s = 0.0
+        model.model.visual.register_forward_pre_hook(self._vision_start)
+        model.model.visual.register_forward_hook(self._vision_end)
+
+    def _vision_start(self, *_):
+        self._t_vision = time.perf_counter()
+
+    def _vision_end(self, *_):
+        self._vision_s += time.perf_counter() - self._t_vision
+
+    def run(self, image: bytes, prompt: str, tokens: int, history=None) -> dict:
+        import torch
+        from PIL import Image
+        from transformers import LogitsProcessor, LogitsProcessorList
+
+        t0 = time.perf_counter()
+        pil = Image.open(io.BytesIO(image)).convert("RGB")
+        t1 = time.perf_counter()
+        px = self.processor(images=[pil], return_tensors="pt")
+        t2 = time.perf_counter()
+        n = int(px["image_grid_thw"].prod()) // 4
+        chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+        text = self.tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        ids = self.tok(text.replace("<|image_pad|>", "<|image_pad|>" * n), return_tensors="pt")
+        mm = (ids["input_ids"] == self.model.config.image_token_id).int()
+        stamps = []
+
+        class Stamp(LogitsProcessor):
+            def __call__(self, input_ids, scores):
+                stamps.append(time.perf_counter())
+                return scores
+
+        self._vision_s = 0.0
+        with torch.inference_mode():
+            self.model.generate(**ids, pixel_values=px["pixel_values"], image_grid_thw=px["image_grid_thw"],
+                                mm_token_type_ids=mm, max_new_tokens=tokens, min_new_tokens=tokens,
+                                do_sample=False, logits_processor=LogitsProcessorList([Stamp()]))
+        t_end = time.perf_counter()
+        ttft = stamps[0] - t0
+        return {"image_decode_ms": (t1 - t0) * 1e3, "preprocess_ms": (t2 - t1) * 1e3,
+                "vision_encode_ms": self._vision_s * 1e3,
+                "prompt_ms": (stamps[0] - t2 - self._vision_s) * 1e3, "ttft_ms": ttft * 1e3,
+                "decode_ms": (t_end - stamps[0]) * 1e3, "total_ms": (t_end - t0) * 1e3,
+                "decode_tps": (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0,
+                "prompt_n": int(ids["input_ids"].shape[1]), "predicted_n": len(stamps)}
+
+
+# --------------------------------------------------------------------------- ours
+
+class Ours:
+    def __init__(self, service, name: str):
+        self.service, self.name = service, name
+
+    def run(self, image: bytes, prompt: str, tokens: int, history=None) -> dict:
+        from .generate import Sampling
+        from .service import ChatRequest, ImageInput, Message
+
+        msgs = [Message("user", [ImageInput(image), prompt])]
+        if history:
+            msgs = [Message("user", [ImageInput(image), history[0]]), Message("assistant", [history[1]]),
+                    Message("user", [prompt])]
+        t0 = time.perf_counter()
+        r = self.service.chat(ChatRequest(msgs, Sampling(max_tokens=tokens, min_tokens=tokens), result_cache=False))
+        total = (time.perf_counter() - t0) * 1e3
+        t = r["timings"]
+        return {"image_decode_ms": t["image_decode_ms"], "preprocess_ms": t["preprocess_ms"],
+                "vision_encode_ms": t["vision_encode_ms"], "prompt_ms": t["prompt_ms"], "ttft_ms": t["ttft_ms"],
+                "decode_ms": t["predicted_ms"], "total_ms": total, "decode_tps": t["predicted_per_second"],
+                "prompt_n": t["prompt_n"], "predicted_n": t["predicted_n"], "answer": r["text"],
+                "cache_hit": t["vision_cache_hit"]}
+
+
+# --------------------------------------------------------------------------- machine limits
+
+def machine_limits(threads: int, quick: bool) -> dict:
+    """Streamed GEMV bandwidth and fp32 GEMM throughput, measured now, on this machine."""
+    import torch
+
+    torch.set_num_threads(threads)
+    n = 2048 if quick else 8192
+    a = torch.randn(n, n * (1 if quick else 4))  # 64 MiB quick, 1 GiB full: far beyond the caches
+    x = torch.randn(a.shape[1])
+    torch.mv(a, x)
+    reps = 3 if quick else 5
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        torch.mv(a, x)
+        times.append(time.perf_counter() - t)
+    bw = a.numel() * 4 / min(times) / 1e9
+    m = 1024 if quick else 2048
+    p, q = torch.randn(m, m), torch.randn(m, m)
+    torch.mm(p, q)
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        torch.mm(p, q)
+        times.append(time.perf_counter() - t)
+    gflops = 2 * m**3 / min(times) / 1e9
+    return {"bandwidth_gb_s": round(bw, 2), "gemm_gflop_s": round(gflops, 1)}
+
+
+def model_costs(model, prompt_tokens: dict, image_patches: dict) -> dict:
+    """Bytes read per decoded token, and FLOPs of vision and prefill per workload."""
+    text = model.model.language_model
+    lm_params = sum(p.numel() for p in text.parameters()) - text.embed_tokens.weight.numel()
+    head = model.lm_head.weight.numel()
+    vision = sum(p.numel() for p in model.model.visual.parameters())
+    bytes_per_token = (lm_params + head) * 4
+    return {
+        "llm_bytes_per_token": bytes_per_token,
+        "vision_flops": {k: 2 * vision * n for k, n in image_patches.items()},
+        "prefill_flops": {k: 2 * (lm_params + head / max(1, n)) * n for k, n in prompt_tokens.items()},
+        "params": {"vision": vision, "language": lm_params + text.embed_tokens.weight.numel()},
+    }
+
+
+# --------------------------------------------------------------------------- the run
+
+def run(out: Path, runs: int, tokens: int, quick: bool, cache_dir: Path, threads: int) -> dict:
+    import torch
+    from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
+
+    from .config import Settings
+    from .models import ModelSource
+    from .service import VLModelService
+    from .vision import OnnxVision, ensure_onnx
+
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(threads)
+    model_dir, build_s = bench_model(cache_dir, quick)
+    t0 = time.perf_counter()
+    model = Qwen3VLForConditionalGeneration.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    load_s = time.perf_counter() - t0
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    source = ModelSource(path=model_dir, name="bench")
+    services, export = {}, {}
+    for backend in ("torch", "onnx-fp32", "onnx-int8"):
+        settings = Settings(model=str(model_dir), cache_dir=str(cache_dir), vision_backend=backend,
+                            threads=threads, disk_cache_mb=0, max_context_tokens=32768)
+        if backend != "torch":
+            _, export[backend] = ensure_onnx(model_dir, model.model.visual, cache_dir, backend)
+        services[backend] = VLModelService(settings, source=source, model=model).start()
+    baseline = Baseline(model, tok, model_dir)
+    images = workload_images(quick)
+    variants = [("baseline", baseline, "cold"), ("torch", Ours(services["torch"], "torch"), "cold"),
+                ("onnx-fp32", Ours(services["onnx-fp32"], "onnx-fp32"), "cold")]
+    int8 = Ours(services["onnx-int8"], "onnx-int8")
+    results: dict = {wl: {} for wl in WORKLOADS}
+    for wl, spec in WORKLOADS.items():
+        for i in range(runs + 1):  # run 0 warms every path up and is not counted
+            img = images[wl][i % len(images[wl])]
+            record = []
+            for name, v, _ in variants:
+                record.append((name, v.run(img, spec["prompt"], tokens)))
+            cold = int8.run(img, spec["prompt"], tokens)
+            record.append(("onnx-int8 cold", cold))
+            record.append(("onnx-int8 repeat", int8.run(img, spec["prompt"], tokens)))
+            record.append(("onnx-int8 warm", int8.run(img, "What is in this picture?", tokens)))
+            record.append(("onnx-int8 follow-up", int8.run(img, "What else can you see?", tokens,
+                                                           history=(spec["prompt"], cold["answer"]))))
+            if i == 0:
+                continue
+            for name, r in record:
+                results[wl].setdefault(name, []).append(r)
+            log.info("%s run %d/%d: %s", wl, i, runs,
+                     ", ".join(f"{n} {r['total_ms'] / 1e3:.1f}s" for n, r in record))
+    limits = machine_limits(threads, quick)
+    prompt_tokens = {wl: int(statistics.median(r["prompt_n"] for r in results[wl]["baseline"])) for wl in WORKLOADS}
+    patches = {wl: prompt_tokens[wl] for wl in WORKLOADS}
+    from . import images as I
+
+    for wl in WORKLOADS:
+        p = I.prepare(I.decode(images[wl][0]), services["torch"].spec)
+        patches[wl] = p.grid_thw[1] * p.grid_thw[2]
+    costs = model_costs(model, prompt_tokens, patches)
+    fidelity = int8_fidelity(services["torch"].encoder, services["onnx-int8"].encoder, images, services["torch"].spec)
+    summary = summarise(results, runs)
+    onnx_sizes = {k: v.get("file_bytes") for k, v in export.items()}
+    report = {
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores_logical": os.cpu_count(),
+                    "threads": threads, "python": platform.python_version(), "torch": torch.__version__},
+        "model": {"dir": str(model_dir), "quick": quick, **costs["params"]},
+        "build_s": round(build_s, 1), "load_s": round(load_s, 1),
+        "export_s": {k: round(v.get("export_s", 0), 1) for k, v in export.items()},
+        "quantize_s": round(export.get("onnx-int8", {}).get("quantize_s", 0), 1),
+        "onnx_bytes": onnx_sizes, "int8_fidelity": fidelity, "tokens": tokens, "runs": runs,
+        "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        "limits": limits, "summary": summary,
+        "sizes": {wl: [WORKLOADS[wl]["size"][0] // (4 if quick else 1), WORKLOADS[wl]["size"][1] // (4 if quick else 1)]
+                  for wl in WORKLOADS},
+        "ceilings": ceilings(summary, limits, costs),
+    }
+    (out / "bench.json").write_text(json.dumps(report, indent=2))
+    (out / "bench.md").write_text(markdown(report))
+    chart(summary, out / "bench.png")
+    return report
+
+
+def int8_fidelity(ref_enc, q_enc, images: dict, spec) -> dict:
+    from . import images as I
+
+    out = {}
+    for wl, imgs in images.items():
+        p = I.prepare(I.decode(imgs[0]), spec)
+        a, b = ref_enc(p.pixel_values, p.grid_thw), q_enc(p.pixel_values, p.grid_thw)
+        rows = {}
+        for name, x, y in [("merged", a.embeds, b.embeds)] + [(f"deepstack_{i}", x, y) for i, (x, y) in
+                                                               enumerate(zip(a.deepstack, b.deepstack))]:
+            cos = (x * y).sum(-1) / (np.linalg.norm(x, axis=-1) * np.linalg.norm(y, axis=-1) + 1e-12)
+            rows[name] = {"cosine_min": round(float(cos.min()), 5), "cosine_mean": round(float(cos.mean()), 5),
+                          "max_abs": round(float(np.abs(x - y).max()), 4)}
+        out[wl] = rows
+    return out
+
+
+def _stat(values):
+    return {"median": round(statistics.median(values), 1), "min": round(min(values), 1), "max": round(max(values), 1)}
+
+
+def summarise(results: dict, runs: int) -> dict:
+    summary = {}
+    for wl, by_variant in results.items():
+        base = by_variant["baseline"]
+        summary[wl] = {}
+        for name, rs in by_variant.items():
+            row = {k: _stat([r[k] for r in rs]) for k in STAGES + ("ttft_ms", "total_ms", "decode_tps")}
+            row["speedup_total"] = _stat([b["total_ms"] / r["total_ms"] for b, r in zip(base, rs)])
+            row["speedup_ttft"] = _stat([b["ttft_ms"] / r["ttft_ms"] for b, r in zip(base, rs)])
+            row["prompt_n"] = rs[0]["prompt_n"]
+            summary[wl][name] = row
+    return summary
+
+
+def ceilings(summary: dict, limits: dict, costs: dict) -> dict:
+    bw = limits["bandwidth_gb_s"] * 1e9
+    gemm = limits["gemm_gflop_s"] * 1e9
+    decode_ceiling = bw / costs["llm_bytes_per_token"]
+    out = {"decode_ceiling_tps": round(decode_ceiling, 2)}
+    for wl, rows in summary.items():
+        vision_floor = costs["vision_flops"][wl] / gemm * 1e3
+        prefill_floor = costs["prefill_flops"][wl] / gemm * 1e3
+        best_vision = rows["onnx-int8 cold"]["vision_encode_ms"]["median"]
+        out[wl] = {
+            "vision_floor_ms_fp32": round(vision_floor, 1), "prefill_floor_ms": round(prefill_floor, 1),
+            "decode_fraction_of_ceiling": round(rows["onnx-int8 cold"]["decode_tps"]["median"] / decode_ceiling, 2),
+            "prefill_fraction_of_floor": round(prefill_floor / rows["onnx-int8 cold"]["prompt_ms"]["median"], 2),
+            "vision_fp32_fraction_of_floor": round(vision_floor / rows["onnx-fp32"]["vision_encode_ms"]["median"], 2),
+            "vision_int8_vs_fp32_floor": round(vision_floor / best_vision, 2) if best_vision else None,
+        }
+    return out
+
+
+def markdown(report: dict) -> str:
+    lines = [f"Machine: {report['machine']['cores_logical']} logical cores, {report['machine']['threads']} threads, "
+             f"torch {report['machine']['torch']}. Medians of {report['runs']} runs (min-max), "
+             f"{report['tokens']} tokens forced, greedy. Ratio = baseline / variant, pair by pair.", ""]
+    for wl, rows in report["summary"].items():
+        b = rows["baseline"]
+        size = report["sizes"][wl]
+        lines += [f"### {wl} ({size[1]}x{size[0]}, {b['prompt_n']} prompt tokens)", "",
+                  "| variant | decode img ms | preprocess ms | vision ms | prefill ms | first token s | decode tok/s | end-to-end s | first-token ratio | end-to-end ratio |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for name, r in rows.items():
+            lines.append(
+                f"| {name} | {r['image_decode_ms']['median']:.1f} | {r['preprocess_ms']['median']:.1f} | "
+                f"{r['vision_encode_ms']['median']:.0f} | {r['prompt_ms']['median']:.0f} | "
+                f"{r['ttft_ms']['median'] / 1e3:.2f} ({r['ttft_ms']['min'] / 1e3:.2f}-{r['ttft_ms']['max'] / 1e3:.2f}) | "
+                f"{r['decode_tps']['median']:.2f} | {r['total_ms']['median'] / 1e3:.2f} "
+                f"({r['total_ms']['min'] / 1e3:.2f}-{r['total_ms']['max'] / 1e3:.2f}) | "
+                f"{r['speedup_ttft']['median']:.2f}x | {r['speedup_total']['median']:.2f}x |")
+        lines.append("")
+    lim, c = report["limits"], report["ceilings"]
+    lines += [f"Limits measured in the same run: memory bandwidth {lim['bandwidth_gb_s']} GB/s (streamed GEMV), "
+              f"fp32 GEMM {lim['gemm_gflop_s']} GFLOP/s. Decode ceiling (LLM weights per token / bandwidth): "
+              f"{c['decode_ceiling_tps']} tok/s.", ""]
+    for wl in report["summary"]:
+        w = c[wl]
+        lines.append(f"- {wl}: decode at {w['decode_fraction_of_ceiling'] * 100:.0f}% of the bandwidth ceiling; "
+                     f"prefill at {w['prefill_fraction_of_floor'] * 100:.0f}% of the fp32 GEMM floor "
+                     f"({w['prefill_floor_ms']:.0f} ms); fp32 vision at {w['vision_fp32_fraction_of_floor'] * 100:.0f}% "
+                     f"of its floor ({w['vision_floor_ms_fp32']:.0f} ms).")
+    lines += ["", f"Build {report['build_s']} s (once), load {report['load_s']} s, ONNX export "
+              f"{report['export_s']} s, INT8 quantisation {report['quantize_s']} s, ONNX bytes {report['onnx_bytes']}, "
+              f"peak RSS {report['peak_rss_gib']} GiB.", "", "INT8 encoder vs PyTorch float32:", ""]
+    for wl, rows in report["int8_fidelity"].items():
+        lines.append(f"- {wl}: " + "; ".join(f"{k} cosine min {v['cosine_min']} mean {v['cosine_mean']}, max abs "
+                                             f"{v['max_abs']}" for k, v in rows.items()))
+    return "\n".join(lines) + "\n"
+
+
+def chart(summary: dict, path: Path) -> None:
+    """Stacked bars per stage, baseline beside each variant, one group per workload (OpenCV)."""
+    import cv2
+
+    colors = {"image_decode_ms": (180, 180, 180), "preprocess_ms": (120, 120, 120),
+              "vision_encode_ms": (60, 140, 230), "prompt_ms": (80, 180, 90), "decode_ms": (200, 120, 60)}
+    names = list(next(iter(summary.values())).keys())
+    bar_w, gap, left, top, height = 38, 10, 90, 90, 420
+    width = left + len(summary) * (len(names) * (bar_w + gap) + 60) + 40
+    img = np.full((top + height + 150, width, 3), 255, np.uint8)
+    longest = max(sum(r[s]["median"] for s in colors) for rows in summary.values() for r in rows.values())
+    scale = height / longest
+    x = left
+    for wl, rows in summary.items():
+        cv2.putText(img, wl, (x, top - 25), cv2.FONT_HERSHEY_SIMPLEX, 0.7, (0, 0, 0), 2, cv2.LINE_AA)
+        for name in names:
+            y = top + height
+            for stage, color in colors.items():
+                h = int(rows[name][stage]["median"] * scale)
+                cv2.rectangle(img, (x, y - h), (x + bar_w, y), color[::-1], -1)
+                y -= h
+            total = sum(rows[name][s]["median"] for s in colors) / 1e3
+            cv2.putText(img, f"{total:.1f}s", (x, y - 6), cv2.FONT_HERSHEY_SIMPLEX, 0.4, (0, 0, 0), 1, cv2.LINE_AA)
+            label_img = np.full((bar_w, 140, 3), 255, np.uint8)
+            cv2.putText(label_img, name, (2, 24), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1, cv2.LINE_AA)
+            rotated = cv2.rotate(label_img, cv2.ROTATE_90_COUNTERCLOCKWISE)
+            img[top + height + 5: top + height + 145, x: x + bar_w] = rotated
+            x += bar_w + gap
+        x += 60
+    lx = left
+    for stage, color in colors.items():
+        cv2.rectangle(img, (lx, 12), (lx + 14, 26), color[::-1], -1)
+        cv2.putText(img, stage.replace("_ms", ""), (lx + 18, 25), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1,
+                    cv2.LINE_AA)
+        lx += 150
+    cv2.line(img, (left - 10, top + height), (width - 30, top + height), (0, 0, 0), 1)
+    cv2.imwrite(str(path), img)
+
+
+def main(argv=None) -> int:
+    from .config import Settings
+
+    ap = argparse.ArgumentParser(prog="python -m vlservice bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the same code on a tiny checkpoint, in well under a minute")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--out", type=Path, default=Path("bench-out"))
+    args = ap.parse_args(argv)
+    settings = Settings.from_env()
+    if args.quick:
+        args.tokens = min(args.tokens, 8)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    report = run(args.out, args.runs, args.tokens, args.quick, settings.cache_path, settings.num_threads)
+    print((args.out / "bench.md").read_text())
+    print(f"wrote {args.out / 'bench.json'}, {args.out / 'bench.md'}, {args.out / 'bench.png'}")
+    return 0 if report else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

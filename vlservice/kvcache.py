@@ -1,0 +1,112 @@
+"""Reuse of the conversation's KV cache: a follow-up prefills only its new tokens.
+
+Chat clients resend the whole history with every question. After each request we keep the LLM's
+KV cache together with the tokens it holds (the prompt and the answer tokens fed back) and the
+content keys of its images. A new request looks for the stored sequence sharing the longest
+prefix with its prompt (token ids equal and, where images stand, the same images), crops that
+cache to the shared prefix and prefills only the rest; images inside the prefix are neither
+encoded nor even looked up. An identical repeated request prefills one token.
+
+Entries are evicted least recently used, bounded in bytes (`VL_KV_CACHE_MB`). An entry is taken
+out while a request extends it (one model lock: no two users of one cache at a time) and stored
+back, extended, afterwards.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Entry:
+    ids: np.ndarray  # token ids the cache holds, in order
+    images: list  # [(start, end, key)] image runs inside `ids`
+    cache: object  # transformers DynamicCache
+    nbytes: int = 0
+    uses: int = field(default=0)
+
+
+def cache_bytes(cache) -> int:
+    total = 0
+    for layer in getattr(cache, "layers", []):
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            if t is not None and hasattr(t, "nbytes"):
+                total += t.nbytes
+    return total
+
+
+def shared_prefix(a_ids: np.ndarray, a_images: list, b_ids: np.ndarray, b_images: list) -> int:
+    """Tokens shared by two sequences, never ending inside an image, and only over equal images."""
+    n = min(len(a_ids), len(b_ids))
+    diff = np.nonzero(a_ids[:n] != b_ids[:n])[0]
+    common = int(diff[0]) if len(diff) else n
+    for (sa, ea, ka), (sb, eb, kb) in zip(a_images, b_images):
+        if sa >= common:
+            break
+        if (sa, ea, ka) != (sb, eb, kb) or ea > common:
+            return sa  # cut before the first image that differs or is not whole in the prefix
+    return common
+
+
+class PrefixCache:
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[int, Entry] = OrderedDict()
+        self._next = 0
+        self._used = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = self.reused_tokens = self.evictions = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0
+
+    def take(self, ids: np.ndarray, images: list) -> tuple[Entry | None, int]:
+        """The entry sharing the longest prefix with (ids, images), removed from the cache, and
+        that length (0 and None on a miss)."""
+        if not self.enabled:
+            return None, 0
+        with self._lock:
+            best, best_len = None, 0
+            for key, e in self._entries.items():
+                n = shared_prefix(e.ids, e.images, ids, images)
+                if n > best_len:
+                    best, best_len = key, n
+            if best is None:
+                self.misses += 1
+                return None, 0
+            entry = self._entries.pop(best)
+            self._used -= entry.nbytes
+            self.hits += 1
+            self.reused_tokens += best_len
+            return entry, best_len
+
+    def put(self, ids: np.ndarray, images: list, cache) -> None:
+        if not self.enabled or len(ids) == 0:
+            return
+        entry = Entry(ids=ids, images=images, cache=cache, nbytes=cache_bytes(cache))
+        if entry.nbytes > self.max_bytes:
+            return
+        with self._lock:
+            # a stored sequence that is a prefix of this one is now redundant
+            for key in [k for k, e in self._entries.items()
+                        if len(e.ids) <= len(ids) and shared_prefix(e.ids, e.images, ids, images) == len(e.ids)]:
+                self._used -= self._entries.pop(key).nbytes
+            self._entries[self._next] = entry
+            self._next += 1
+            self._used += entry.nbytes
+            while self._used > self.max_bytes and self._entries:
+                _, old = self._entries.popitem(last=False)
+                self._used -= old.nbytes
+                self.evictions += 1
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {"entries": len(self._entries), "bytes": self._used, "capacity_bytes": self.max_bytes,
+                    "hits": self.hits, "misses": self.misses, "reused_tokens": self.reused_tokens,
+                    "evictions": self.evictions}
