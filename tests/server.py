@@ -25,7 +25,8 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, env: dict, log_path: Path, workers: int = 1):
+    def __init__(self, env: dict, log_path: Path, workers: int = 1, app: str = "wsgi:app"):
+        self.app = app
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, "VL_BIND": f"127.0.0.1:{self.port}", "VL_WORKERS": str(workers),
@@ -35,7 +36,8 @@ class ServerProcess:
 
     def start(self, timeout: float = 180.0) -> "ServerProcess":
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "wsgi:app"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py",
+                                      "--pythonpath", str(ROOT / "tests"), self.app],
                                      cwd=ROOT, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         deadline = time.time() + timeout

@@ -1,0 +1,322 @@
+"""Robustness and security against the running server (Gunicorn subprocess): bad images, bad
+requests, overload, cancellation and timeouts, access control, remote URLs, injected faults."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import io
+import json
+import os
+import struct
+import threading
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+
+import cv2
+import numpy as np
+import pytest
+import requests
+
+from conftest import ARTIFACTS, data_url, image_message, png_bytes, scene
+
+pytestmark = pytest.mark.server
+
+CHAT = "/v1/chat/completions"
+IMAGE_PARAM = "messages[0].content[0].image_url"
+
+
+@pytest.fixture(scope="module")
+def make_server(cache_dir):
+    """Extra servers with their own settings, stopped at the end of the module."""
+    from server import ServerProcess
+
+    started = []
+
+    def make(name, app="wsgi:app", **env):
+        base = {"VL_MODEL": os.environ.get("VL_TEST_MODEL", "demo"), "VL_CACHE_DIR": str(cache_dir)}
+        ARTIFACTS.mkdir(exist_ok=True)
+        proc = ServerProcess({**base, **env}, ARTIFACTS / f"server-{name}.log", app=app).start()
+        started.append(proc)
+        return proc
+
+    yield make
+    for proc in started:
+        proc.stop()
+
+
+def post(server, body, **kw):
+    return requests.post(server.url + CHAT, json=body, timeout=kw.pop("timeout", 120), **kw)
+
+
+def body_with(url, text="Describe this image.", **extra):
+    return {"model": "demo", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]}], **extra}
+
+
+def _png_header(w, h, bit_depth=8, color_type=2):
+    ihdr = struct.pack(">IIBBBBB", w, h, bit_depth, color_type, 0, 0, 0)
+    chunk = b"IHDR" + ihdr
+    return b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + chunk + struct.pack(">I", zlib.crc32(chunk))
+
+
+def _b64(data):
+    return base64.b64encode(data).decode()
+
+
+def _jpeg(rgb):
+    return cv2.imencode(".jpg", np.ascontiguousarray(rgb[:, :, ::-1]))[1].tobytes()
+
+
+def _animated_gif():
+    from PIL import Image
+
+    frames = [Image.new("RGB", (60, 40), c) for c in ((220, 40, 40), (40, 80, 220))]
+    buf = io.BytesIO()
+    frames[0].save(buf, format="GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
+    return buf.getvalue()
+
+
+def _cmyk_jpeg():
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("CMYK", (64, 48), (0, 200, 200, 0)).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+PNG = png_bytes(scene(64, 64, seed=5))
+JPEG = _jpeg(scene(64, 64, seed=6))
+
+# (name, data URL, expected status, expected code) — answered inputs are valid but unusual images.
+BAD_IMAGES = [
+    ("not an image", "data:image/png;base64," + _b64(b"this is text, not pixels"), 400, "invalid_image"),
+    ("zero bytes", "data:image/png;base64,", 400, "invalid_image"),
+    ("invalid base64", "data:image/png;base64,@@@not-base64@@@", 400, "invalid_image"),
+    ("truncated PNG", "data:image/png;base64," + _b64(PNG[: len(PNG) // 2]), 400, "invalid_image"),
+    ("truncated JPEG", "data:image/jpeg;base64," + _b64(JPEG[:300]), 400, "invalid_image"),
+    ("lying media type", "data:image/png;base64," + _b64(JPEG), 400, "invalid_image"),
+    ("unsupported media type", "data:image/tiff;base64," + _b64(PNG), 400, "invalid_image"),
+    ("not base64-encoded", "data:image/png," + "abc", 400, "invalid_image"),
+    ("extreme aspect ratio 10000x20", data_url(png_bytes(np.zeros((20, 10000, 3), np.uint8))), 400, "invalid_image"),
+    ("decompression bomb", "data:image/png;base64," + _b64(_png_header(60000, 60000) + b"\0" * 64), 400,
+     "image_too_large"),
+    ("animated GIF: first frame", "data:image/gif;base64," + _b64(_animated_gif()), 200, None),
+    ("CMYK JPEG", "data:image/jpeg;base64," + _b64(_cmyk_jpeg()), 200, None),
+    ("16-bit PNG", data_url(cv2.imencode(".png", np.full((30, 40, 3), 40000, np.uint16))[1].tobytes()), 200, None),
+    ("1x1 image", data_url(png_bytes(np.full((1, 1, 3), 200, np.uint8))), 200, None),
+]
+
+
+@pytest.mark.parametrize("name,url,status,code", BAD_IMAGES, ids=[b[0] for b in BAD_IMAGES])
+def test_bad_images(server, name, url, status, code):
+    r = post(server, body_with(url))
+    assert r.status_code == status, r.text
+    if status == 400:
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and err["code"] == code
+        assert err["param"] == IMAGE_PARAM and err["message"]
+    else:
+        assert r.json()["choices"][0]["message"]["content"] is not None
+
+
+def test_bomb_is_refused_from_the_header_before_decoding(server):
+    # A 60000x60000 canvas would need 10 GB decoded: answered at once, memory untouched.
+    before = requests.get(server.url + "/api/stats").json()["rss_bytes"]
+    t0 = time.time()
+    r = post(server, body_with("data:image/png;base64," + _b64(_png_header(60000, 60000) + b"\0" * 64)))
+    assert r.status_code == 400 and time.time() - t0 < 2
+    assert requests.get(server.url + "/api/stats").json()["rss_bytes"] < before + 200 * 2**20
+
+
+GOOD_IMAGE = data_url(PNG)
+BAD_REQUESTS = [
+    ("invalid JSON", "{not json", 400, "invalid_json", None),
+    ("body is a list", [1, 2], 400, "invalid_json", None),
+    ("messages missing", {"model": "demo"}, 400, "invalid_type", "messages"),
+    ("messages empty", {"messages": []}, 400, "empty", "messages"),
+    ("messages not a list", {"messages": "hi"}, 400, "invalid_type", "messages"),
+    ("unknown role", {"messages": [{"role": "robot", "content": "hi"}]}, 400, "invalid_value", "messages[0].role"),
+    ("content wrong type", {"messages": [{"role": "user", "content": 42}]}, 400, "invalid_type", "messages[0].content"),
+    ("part type unknown", {"messages": [{"role": "user", "content": [{"type": "audio"}]}]}, 400, "invalid_value",
+     "messages[0].content[0].type"),
+    ("max_tokens over the cap", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}, 400,
+     "invalid_value", "max_tokens"),
+    ("max_tokens a string", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": "5"}, 400,
+     "invalid_type", "max_tokens"),
+    ("temperature out of range", {"messages": [{"role": "user", "content": "hi"}], "temperature": 5}, 400,
+     "invalid_value", "temperature"),
+    ("n = 2", {"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "invalid_value", "n"),
+    ("too many images", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": GOOD_IMAGE}}] * 5}]}, 400, "too_many_images",
+     "messages[0].content[4]"),
+    ("prompt longer than the context", {"messages": [{"role": "user", "content": "word " * 20000}],
+                                        "max_tokens": 4}, 400, "context_length_exceeded", "messages"),
+    ("image in an assistant message", {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant",
+     "content": [{"type": "image_url", "image_url": {"url": GOOD_IMAGE}}]}]}, 400, "invalid_value",
+     "messages[1].content[0]"),
+    ("remote image URL", body_with("http://127.0.0.1:9/x.png"), 400, "remote_images_disabled", IMAGE_PARAM),
+    ("file URL", body_with("file:///etc/passwd"), 400, "invalid_image_url", IMAGE_PARAM),
+]
+
+
+@pytest.mark.parametrize("name,body,status,code,param", BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
+def test_bad_requests(server, name, body, status, code, param):
+    if isinstance(body, str):
+        r = requests.post(server.url + CHAT, data=body, headers={"Content-Type": "application/json"}, timeout=30)
+    else:
+        r = post(server, body, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == code and err["param"] == param
+
+
+def test_text_only_and_unknown_parameters_are_answered(server):
+    r = post(server, {"model": "demo", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3,
+                      "some_future_option": {"x": 1}, "user": "u-1", "metadata": {"a": "b"}})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_request_body_too_large_is_413(make_server):
+    small = make_server("small-body", VL_MAX_REQUEST_BYTES=str(200_000))
+    r = post(small, body_with(data_url(os.urandom(300_000))))
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    assert requests.get(small.url + "/healthz").status_code == 200
+
+
+# --------------------------------------------------------------------------- overload
+
+def test_burst_every_request_completes_or_is_refused_cleanly(make_server):
+    srv = make_server("burst", VL_QUEUE_SIZE="2")
+    img = PNG
+    baseline_rss = requests.get(srv.url + "/api/stats").json()["rss_bytes"]
+
+    def one(i):
+        body = body_with(data_url(img), max_tokens=40, min_tokens=40, stream=bool(i % 2), result_cache=False)
+        r = requests.post(srv.url + CHAT, json=body, stream=True, timeout=120)
+        if r.status_code != 200:
+            return r.status_code, r.headers.get("Retry-After"), r.json()["error"]["code"]
+        if body["stream"]:
+            lines = [line for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
+            done = lines[-1] == "data: [DONE]" and any('"finish_reason": "length"' in line for line in lines)
+            return 200, done, None
+        return 200, r.json()["usage"]["completion_tokens"] == 40, None
+
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(one, range(12)))
+    ok = [r for r in results if r[0] == 200]
+    refused = [r for r in results if r[0] != 200]
+    assert ok and refused, results
+    assert all(r[1] is True for r in ok)  # every accepted request got its whole answer
+    assert all(r[0] == 429 and r[1] and int(r[1]) >= 1 and r[2] == "server_busy" for r in refused)
+    time.sleep(1)
+    stats = requests.get(srv.url + "/api/stats").json()
+    assert stats["busy"] is False and stats["queue_depth"] == 0
+    assert requests.get(srv.url + "/readyz").status_code == 200
+    assert stats["rss_bytes"] < baseline_rss + 150 * 2**20  # back near the baseline, no leak per request
+
+
+# --------------------------------------------------------------------------- timeouts
+
+def test_queue_timeout_and_long_generation_survive_the_worker_timeout(make_server):
+    srv = make_server("timeouts", VL_QUEUE_TIMEOUT_S="1", VL_WORKER_TIMEOUT="3", VL_MAX_TOKENS_CAP="6000",
+                      VL_MAX_CONTEXT_TOKENS="8192")
+    long_body = {"model": "demo", "messages": [{"role": "user", "content": "Go on."}], "max_tokens": 6000,
+                 "min_tokens": 6000}
+    holder = {}
+    t = threading.Thread(target=lambda: holder.update(r=post(srv, long_body, timeout=300)))
+    t0 = time.time()
+    t.start()
+    time.sleep(0.5)
+    waited = post(srv, {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert waited.status_code == 503 and waited.json()["error"]["code"] == "queue_timeout"
+    assert "Retry-After" in waited.headers
+    t.join(300)
+    elapsed = time.time() - t0
+    r = holder["r"]
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6000
+    assert elapsed > 3, "the generation must outlast the worker timeout for this test to mean anything"
+
+
+# --------------------------------------------------------------------------- access
+
+def test_api_key_cors_and_logs(make_server):
+    key = "sk-test-" + "7" * 24
+    srv = make_server("auth", VL_API_KEY=key, VL_CORS_ORIGINS="https://app.example")
+    hello = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": key}, {"Authorization": "Bearer "}):
+        r = post(srv, hello, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert requests.get(srv.url + "/v1/models").status_code == 401
+    r = post(srv, body_with(GOOD_IMAGE), headers={"Authorization": f"Bearer {key}", "Origin": "https://app.example"})
+    assert r.status_code == 200 and r.headers["Access-Control-Allow-Origin"] == "https://app.example"
+    r = post(srv, hello, headers={"Authorization": f"Bearer {key}", "Origin": "https://evil.example"})
+    assert r.status_code == 200 and "Access-Control-Allow-Origin" not in r.headers
+    assert requests.get(srv.url + "/healthz").status_code == 200  # health stays public
+    assert requests.get(srv.url + "/api/config").json()["api_key_required"] is True
+    time.sleep(0.5)
+    log = srv.log_text()
+    assert key not in log and GOOD_IMAGE[30:90] not in log  # nothing secret or user-supplied is logged
+
+
+def test_cors_is_off_by_default(server):
+    r = post(server, {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+             headers={"Origin": "https://app.example"})
+    assert r.status_code == 200 and "Access-Control-Allow-Origin" not in r.headers
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    hits = []
+
+    def do_GET(self):  # noqa: N802
+        _Recorder.hits.append(self.path)
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(PNG)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_remote_urls_never_reach_local_addresses(make_server):
+    local = http.server.HTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=local.serve_forever, daemon=True).start()
+    port = local.server_address[1]
+    srv = make_server("remote", VL_REMOTE_IMAGES="localhost,127.0.0.1")
+    try:
+        for url, code in [(f"http://127.0.0.1:{port}/a.png", "invalid_image_url"),
+                          (f"https://localhost:{port}/b.png", "image_host_not_allowed"),
+                          (f"https://127.0.0.1:{port}/c.png", "image_host_not_allowed"),
+                          (f"https://example.org:{port}/d.png", "image_host_not_allowed"),
+                          ("file:///etc/passwd", "invalid_image_url")]:
+            r = post(srv, body_with(url))
+            assert r.status_code == 400 and r.json()["error"]["code"] == code, (url, r.text)
+        assert _Recorder.hits == []  # the local server received nothing
+    finally:
+        local.shutdown()
+
+
+# --------------------------------------------------------------------------- faults
+
+def test_engine_fault_fails_one_request_and_the_next_is_served(make_server):
+    srv = make_server("fault", app="fault_wsgi:app", VL_TEST_FAIL_EVERY="8")
+    results = []
+    for i in range(4):
+        body = {"model": "demo", "messages": [{"role": "user", "content": f"Say something {i}."}],
+                "max_tokens": 5, "min_tokens": 5, "stream": True, "result_cache": False}
+        with requests.post(srv.url + CHAT, json=body, stream=True, timeout=60) as r:
+            assert r.status_code == 200
+            lines = [line for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
+        errors = [json.loads(line[6:])["error"] for line in lines if line.startswith('data: {"error"')]
+        results.append(errors[0]["code"] if errors else "ok")
+        assert lines[-1] == "data: [DONE]"
+    assert "engine_error" in results and "ok" in results
+    assert results.index("engine_error") < len(results) - 1  # a request after the fault was served
+    r = post(srv, {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    assert r.status_code in (200, 500)
+    if r.status_code == 500:
+        assert r.json()["error"]["type"] == "server_error"
+    stats = requests.get(srv.url + "/api/stats").json()
+    assert stats["busy"] is False and stats["counters"]["errors"] >= 1
