@@ -122,7 +122,11 @@ def create_app(settings: Settings | None = None, service=None, start_service: bo
     def http_error(exc: HTTPException):
         err = NotFound(exc.description or exc.name, code=exc.name.lower().replace(" ", "_"))
         err.status = exc.code or 500
-        return api_error(err)
+        response = api_error(err)
+        for name, value in exc.get_headers():  # keep werkzeug's own (Allow on a 405, ...)
+            if name.lower() != "content-type":
+                response.headers[name] = value
+        return response
 
     @app.errorhandler(Exception)
     def unexpected(exc):

@@ -303,3 +303,32 @@ def test_prefix_cache_is_bounded_and_never_ends_inside_an_image():
     assert shared_prefix(a, imgs_a, b, [(2, 4, "x")]) == 2  # differs inside the image run
     cache = PrefixCache(max_bytes=0)
     assert cache.take(a, imgs_a) == (None, 0)
+
+
+def test_llm_int8_is_opt_in_and_answers(settings_for):
+    from torch.ao.nn.quantized.dynamic import Linear as QLinear
+
+    from vlservice.service import load_service
+
+    svc = load_service(settings_for(vision_backend="onnx-int8", llm_quant="int8", warmup=False, disk_cache_mb=0))
+    quantised = [m for m in svc.model.modules() if isinstance(m, QLinear)]
+    assert len(quantised) == 7 * 2 + 1  # q, k, v, o, gate, up, down per layer, and the head
+    r = ask(svc, ImageInput(png_bytes(scene(seed=40))), QUESTION, max_tokens=6, min_tokens=6)
+    assert r["usage"]["completion_tokens"] == 6 and r["text"]
+
+
+def test_compare_command_reports_agreement_and_speed(tmp_path, tiny_model_dir, cache_dir, monkeypatch):
+    from vlservice import compare
+
+    (tmp_path / "imgs").mkdir()
+    for i in range(2):
+        (tmp_path / "imgs" / f"{i}.png").write_bytes(png_bytes(scene(seed=50 + i)))
+    monkeypatch.setenv("VL_MODEL", str(tiny_model_dir))
+    monkeypatch.setenv("VL_CACHE_DIR", str(cache_dir))
+    monkeypatch.setenv("VL_WARMUP", "0")
+    out = tmp_path / "cmp.json"
+    assert compare.main(["--images", str(tmp_path / "imgs"), "--a", "vision_backend=torch",
+                         "--b", "vision_backend=onnx-fp32", "--max-tokens", "6", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["pairs"] == 4 and report["exact_match"] == 1.0  # fp32 ONNX answers as PyTorch does
+    assert report["leading_token_agreement"] == 1.0 and report["speedup_of_b"] > 0

@@ -40,6 +40,7 @@ class Settings:
     model: str = ""  # VL_MODEL: hub id, local dir or "demo"; empty = default hub model, else demo
     cache_dir: str = field(default_factory=_default_cache_dir)
     vision_backend: str = "onnx-int8"
+    llm_quant: str = ""  # "" (float32) or "int8" (opt-in; see vlservice/quant.py)
     threads: int = 0  # 0 = physical cores
     queue_size: int = 8  # callers allowed to wait for the model (beyond the one running)
     queue_timeout_s: float = 120.0  # a queued request that waits longer gets a timeout error
@@ -50,7 +51,6 @@ class Settings:
     max_image_bytes: int = 20 * 1024 * 1024  # encoded size of one image
     max_request_bytes: int = 64 * 1024 * 1024  # whole HTTP body (MAX_CONTENT_LENGTH)
     max_image_pixels: int = 40_000_000  # decoded width*height (checked from the header first)
-    min_image_side: int = 1
     max_aspect_ratio: float = 200.0  # the model's own processor refuses more than 200:1
     detail_low_pixels: int = 256 * 32 * 32  # about 256 image tokens
     detail_auto_pixels: int = 768 * 32 * 32  # about 768 image tokens
@@ -99,6 +99,8 @@ class Settings:
             raise ValueError(
                 f"VL_VISION_BACKEND must be one of {', '.join(VISION_BACKENDS)}, got {self.vision_backend!r}"
             )
+        if self.llm_quant not in ("", "none", "int8"):
+            raise ValueError(f"VL_LLM_QUANT must be empty or int8, got {self.llm_quant!r}")
         if self.queue_size < 0:
             raise ValueError(f"VL_QUEUE_SIZE must be >= 0, got {self.queue_size}")
         if not 1 <= self.default_max_tokens <= self.max_tokens_cap:

@@ -14,11 +14,15 @@ back, extended, afterwards.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
+
+
+MIN_REUSE = 32  # a shorter shared prefix (the chat template's first tokens) is not worth a copy
 
 
 @dataclass
@@ -77,13 +81,18 @@ class PrefixCache:
                 n = shared_prefix(e.ids, e.images, ids, images)
                 if n > best_len:
                     best, best_len = key, n
-            if best is None:
+            if best is None or best_len < MIN_REUSE and best_len < len(ids) - 1:
                 self.misses += 1
                 return None, 0
-            entry = self._entries.pop(best)
-            self._used -= entry.nbytes
+            entry = self._entries[best]
             self.hits += 1
             self.reused_tokens += best_len
+            if best_len < len(entry.ids):
+                # A branch off a longer conversation: leave that one whole, work on a copy.
+                return Entry(ids=entry.ids[:best_len], images=[i for i in entry.images if i[1] <= best_len],
+                             cache=copy.deepcopy(entry.cache)), best_len
+            del self._entries[best]  # the usual follow-up: extend this very entry
+            self._used -= entry.nbytes
             return entry, best_len
 
     def put(self, ids: np.ndarray, images: list, cache) -> None:

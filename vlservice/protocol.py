@@ -52,7 +52,7 @@ def parse_chat(body, settings: Settings, defaults: dict | None = None, fetch_rem
         raise _bad("the request body must be a JSON object", None, "invalid_json")
     defaults = defaults or {}
     n = body.get("n", 1)
-    if n != 1:
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n != 1):
         raise _bad(f"`n` must be 1 (one answer per request), got {n!r}", "n")
     for name in ("logprobs", "tools", "functions", "audio"):
         if body.get(name):
@@ -66,8 +66,8 @@ def parse_chat(body, settings: Settings, defaults: dict | None = None, fetch_rem
 
     messages = _messages(body.get("messages"), settings, fetch_remote)
 
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    param = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = body.get(param)
     if max_tokens is None:
         max_tokens = settings.default_max_tokens
     elif isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
@@ -94,9 +94,13 @@ def parse_chat(body, settings: Settings, defaults: dict | None = None, fetch_rem
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad(f"`stream` must be a boolean, got {stream!r}", "stream", "invalid_type")
-    so = body.get("stream_options") or {}
+    so = body.get("stream_options")
+    so = {} if so is None else so
     if not isinstance(so, dict):
         raise _bad("`stream_options` must be an object", "stream_options", "invalid_type")
+    if not isinstance(so.get("include_usage", False), bool):
+        raise _bad("`stream_options.include_usage` must be a boolean", "stream_options.include_usage",
+                   "invalid_type")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad("`model` must be a string", "model", "invalid_type")
@@ -120,7 +124,7 @@ def _messages(raw, settings: Settings, fetch_remote) -> list:
         if not isinstance(m, dict):
             raise _bad(f"`{where}` must be an object", where, "invalid_type")
         role = m.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise _bad(f"`{where}.role` must be one of system, user, assistant, got {role!r}", f"{where}.role")
         content = m.get("content")
         if content is None and role == "assistant":
@@ -162,8 +166,9 @@ def _image(spec, param: str, settings: Settings, fetch_remote) -> ImageInput:
         spec = {"url": spec}
     if not isinstance(spec, dict) or not isinstance(spec.get("url"), str):
         raise _bad(f"`{param}` must be an object with a string `url`", param, "invalid_type")
-    detail = spec.get("detail", "auto") or "auto"
-    if detail not in DETAILS:
+    detail = spec.get("detail")
+    detail = "auto" if detail is None else detail
+    if not isinstance(detail, str) or detail not in DETAILS:
         raise _bad(f"`{param}.detail` must be one of low, auto, high, got {detail!r}", f"{param}.detail")
     url = spec["url"]
     if url.startswith("data:"):

@@ -198,6 +198,11 @@ class VLModelService:
         if model is None:
             model = Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32)
         self.model = model.eval()
+        self.quantize_s = 0.0
+        if settings.llm_quant == "int8":
+            from .quant import quantize_llm_int8
+
+            self.quantize_s = quantize_llm_int8(self.model)
         self.model.requires_grad_(False)
         gen = self.model.generation_config
         eos = gen.eos_token_id if isinstance(gen.eos_token_id, (list, tuple)) else [gen.eos_token_id]
@@ -575,6 +580,11 @@ def load_service(settings: Settings | None = None, start: bool = True) -> VLMode
     settings = settings or Settings.from_env()
     service = VLModelService(settings)
     service.prepare_files()
+    if settings.vision_backend != "torch":
+        from .quant import release_torch_vision
+
+        log.info("freed %.0f MB of PyTorch vision weights (ONNX Runtime runs the encoder)",
+                 release_torch_vision(service.model) / 2**20)
     if start:
         service.start()
     return service

@@ -60,3 +60,10 @@ def readyz():
 @bp.get("/metrics")
 def metrics():
     return Response(_ctx().metrics.render(), mimetype="text/plain; version=0.0.4")
+
+
+@bp.get("/openapi.json")
+def openapi_json():
+    from . import openapi
+
+    return openapi.spec(current_app)

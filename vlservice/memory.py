@@ -1,0 +1,81 @@
+"""`python -m vlservice.memory --workers 2`: are the weights shared between Gunicorn workers?
+
+Starts `gunicorn -c gunicorn.conf.py wsgi:app` with the given number of workers on the model named
+by `VL_MODEL`, waits until it is ready, answers one request, then prints each process's RSS, PSS
+(its fair share of pages shared with others) and USS (pages only it has). With `preload_app` the
+weights are read once in the master before the fork, so the workers' PSS is far below their RSS and
+the total PSS is close to one copy of the model, not N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(workers: int, timeout: float = 900) -> dict:
+    port = _free_port()
+    env = {**os.environ, "VL_BIND": f"127.0.0.1:{port}", "VL_WORKERS": str(workers)}
+    proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "wsgi:app"], cwd=ROOT,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + timeout
+        ready = 0
+        while time.time() < deadline and ready < workers * 3:  # several answers: every worker warmed
+            try:
+                with urllib.request.urlopen(url + "/readyz", timeout=5) as r:
+                    ready += r.status == 200
+            except OSError:
+                pass
+            time.sleep(1)
+        body = json.dumps({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}).encode()
+        for _ in range(workers * 2):
+            req = urllib.request.Request(url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=300).read()
+        master = psutil.Process(proc.pid)
+        rows = []
+        for p in [master] + master.children(recursive=True):
+            m = p.memory_full_info()
+            rows.append({"pid": p.pid, "role": "master" if p.pid == proc.pid else "worker",
+                         "rss_mib": round(m.rss / 2**20), "pss_mib": round(m.pss / 2**20),
+                         "uss_mib": round(m.uss / 2**20)})
+        return {"workers": workers, "processes": rows,
+                "total_rss_mib": sum(r["rss_mib"] for r in rows), "total_pss_mib": sum(r["pss_mib"] for r in rows)}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m vlservice.memory", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args(argv)
+    report = measure(args.workers)
+    print("| process | RSS MiB | PSS MiB | USS MiB |\n|---|---|---|---|")
+    for r in report["processes"]:
+        print(f"| {r['role']} {r['pid']} | {r['rss_mib']} | {r['pss_mib']} | {r['uss_mib']} |")
+    print(f"| total | {report['total_rss_mib']} | {report['total_pss_mib']} | |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
