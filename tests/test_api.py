@@ -132,5 +132,5 @@ def test_cancel_endpoint_and_disconnect_free_the_model(server):
 
 def test_text_only_request_is_answered(server):
     r = client(server).chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hello"}],
-                                               max_tokens=4)
-    assert r.usage.completion_tokens >= 1
+                                               max_tokens=4, extra_body={"min_tokens": 2})
+    assert r.usage.completion_tokens >= 2 and r.usage.prompt_tokens > 0

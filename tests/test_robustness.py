@@ -175,7 +175,7 @@ def test_bad_requests(server, name, body, status, code, param):
 
 def test_text_only_and_unknown_parameters_are_answered(server):
     r = post(server, {"model": "demo", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3,
-                      "some_future_option": {"x": 1}, "user": "u-1", "metadata": {"a": "b"}})
+                      "some_future_option": {"x": 1}, "user": "u-1", "metadata": {"a": "b"}, "min_tokens": 1})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
 
 

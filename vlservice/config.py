@@ -41,7 +41,8 @@ class Settings:
     cache_dir: str = field(default_factory=_default_cache_dir)
     vision_backend: str = "onnx-int8"
     llm_quant: str = ""  # "" (float32) or "int8" (opt-in; see vlservice/quant.py)
-    threads: int = 0  # 0 = physical cores
+    threads: int = 0  # 0 = physical cores / workers
+    workers: int = 1  # Gunicorn worker processes (read here to split the cores between them)
     queue_size: int = 8  # callers allowed to wait for the model (beyond the one running)
     queue_timeout_s: float = 120.0  # a queued request that waits longer gets a timeout error
     max_tokens_cap: int = 1024  # largest max_tokens a request may ask for
@@ -108,7 +109,9 @@ class Settings:
 
     @property
     def num_threads(self) -> int:
-        return self.threads if self.threads > 0 else _physical_cores()
+        # Each worker has its own model lock: two generations may run at once, so the cores are
+        # split between workers instead of oversubscribed.
+        return self.threads if self.threads > 0 else max(1, _physical_cores() // max(1, self.workers))
 
     @property
     def cache_path(self) -> Path:

@@ -108,7 +108,8 @@ def plot_loss(losses: list[float], path: Path) -> None:
     cv2.imwrite(str(path), img)
 
 
-def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads: int) -> dict:
+def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads: int, init: Path | None = None,
+          warmup: int = 100) -> dict:
     import torch
     from tqdm import tqdm
     from transformers import Qwen3VLForConditionalGeneration
@@ -124,7 +125,10 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
     tok.pad_token = "<|endoftext|>"
     ids = token_ids(tok)
     config = make_config(DEMO_SIZES, vocab_size=(len(tok) + 63) // 64 * 64, token_ids=ids)
-    model = Qwen3VLForConditionalGeneration(config)
+    if init is not None:  # continue from a checkpoint made by this script (same vocabulary)
+        model = Qwen3VLForConditionalGeneration.from_pretrained(str(init), dtype=torch.float32)
+    else:
+        model = Qwen3VLForConditionalGeneration(config)
     model.train()
     pre = preprocessor_config(real_architecture())
     pre.update(DEMO_PREPROCESSOR)
@@ -139,7 +143,7 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
     bar = tqdm(range(steps), desc="train-demo", unit="step")
     for step in bar:
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, steps, lr)
+            group["lr"] = lr_at(step, steps, lr, warmup)
         batch = batcher([make_sample(rng) for _ in range(batch_size)])
         loss = model(**batch).loss
         opt.zero_grad(set_to_none=True)
@@ -153,7 +157,9 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
     out.mkdir(parents=True, exist_ok=True)
     make_model(out, DEMO_SIZES, vocab_limit=VOCAB_LIMIT, keep_texts=texts, model=model,
                preprocessor=DEMO_PREPROCESSOR)
+    previous = json.loads((init / "training.json").read_text()) if init and (init / "training.json").is_file() else None
     info = {"steps": steps, "seed": seed, "batch_size": batch_size, "lr": lr, "minutes": (time.time() - t0) / 60,
+            "continued_from": previous,
             "final_loss": float(np.mean(losses[-100:])), "params": sum(p.numel() for p in model.parameters())}
     (out / "training.json").write_text(json.dumps(info, indent=2))
     plot_loss(losses, out / "loss.png")
@@ -170,10 +176,13 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--init", type=Path, default=None, help="continue training this checkpoint")
+    ap.add_argument("--warmup", type=int, default=100)
     args = ap.parse_args(argv)
     from ..config import _physical_cores
 
-    info = train(args.out, args.steps, args.seed, args.batch_size, args.lr, args.threads or _physical_cores())
+    info = train(args.out, args.steps, args.seed, args.batch_size, args.lr, args.threads or _physical_cores(),
+                 args.init, args.warmup)
     print(json.dumps(info, indent=2))
     return 0
 
