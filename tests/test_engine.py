@@ -83,11 +83,15 @@ def test_onnx_fp32_matches_torch_and_int8_keeps_cosine(service_for):
 
 def test_onnx_files_are_cached_by_fingerprint(service_for, cache_dir):
     svc = service_for("onnx-int8")
-    folders = list((cache_dir / "onnx").iterdir())
-    assert [f.name for f in folders] == [svc.model_fp]
-    assert (folders[0] / "fp32" / "model.onnx").is_file() and (folders[0] / "int8" / "model.onnx").is_file()
-    int8_size = sum(p.stat().st_size for p in (folders[0] / "int8").glob("model.onnx*"))
-    fp32_size = sum(p.stat().st_size for p in (folders[0] / "fp32").glob("model.onnx*"))
+    folder = cache_dir / "onnx" / svc.model_fp  # one folder per checkpoint and recipe, reused
+    assert (folder / "fp32" / "model.onnx").is_file() and (folder / "int8" / "model.onnx").is_file()
+    assert len([f for f in (cache_dir / "onnx").iterdir() if f.name == svc.model_fp]) == 1
+    from vlservice.vision import ensure_onnx
+
+    _, stats = ensure_onnx(svc.source.path, svc.model.model.visual, cache_dir, "onnx-int8")
+    assert stats["fingerprint"] == svc.model_fp and stats["export_s"] == 0 and stats["quantize_s"] == 0
+    int8_size = sum(p.stat().st_size for p in (folder / "int8").glob("model.onnx*"))
+    fp32_size = sum(p.stat().st_size for p in (folder / "fp32").glob("model.onnx*"))
     assert int8_size < fp32_size
 
 
