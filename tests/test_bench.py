@@ -38,3 +38,16 @@ def test_bench_quick_writes_json_markdown_and_chart(tmp_path, cache_dir):
     assert report["ceilings"]["decode_ceiling_tps"] > 0
     assert (out / "bench.md").read_text().count("| baseline |") == 2
     assert (out / "bench.png").stat().st_size > 1000
+
+
+def test_bench_extras_compare_float32_and_int8_llm_and_repeats(tmp_path, cache_dir):
+    out = tmp_path / "extras"
+    env = {**os.environ, "VL_CACHE_DIR": str(cache_dir), "VL_THREADS": "2", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "vlservice", "bench", "--extras", "--quick", "--runs", "1",
+                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "extras.json").read_text())
+    assert set(report["llm"]) == {"float32", "int8"} and report["llm"]["int8"]["quantize_s"] > 0
+    assert all(r["decode_tps"]["median"] > 0 for r in report["llm"].values())
+    assert set(report["repeat"]) == {"photo", "document"}
+    assert "INT8 / float32" in (out / "extras.md").read_text()

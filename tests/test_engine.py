@@ -286,7 +286,8 @@ def test_identical_request_prefills_one_token_and_result_cache(service_for):
     sampling = dict(max_tokens=6, min_tokens=6)
     a = svc.chat(ChatRequest(msgs, Sampling(**sampling), result_cache=False))
     b = svc.chat(ChatRequest(msgs, Sampling(**sampling), result_cache=False))
-    assert a["text"] == b["text"] and b["timings"]["prompt_n"] == 1
+    assert a["text"] == b["text"] and b["timings"]["prompt_n"] == 0  # no forward pass for the prompt
+    assert b["timings"]["cache_n"] == b["usage"]["prompt_tokens"]
     assert b["timings"]["result_cache_hit"] is False
     c = svc.chat(ChatRequest(msgs, Sampling(**sampling)))  # stored by this one
     d = svc.chat(ChatRequest(msgs, Sampling(**sampling)))

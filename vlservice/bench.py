@@ -464,6 +464,60 @@ def chart(summary: dict, path: Path) -> None:
     cv2.imwrite(str(path), img)
 
 
+def extras(out: Path, cache_dir: Path, threads: int, runs: int, quick: bool) -> dict:
+    """Two checks that need a service of their own: the float32 LLM against the opt-in INT8 one
+    (photo workload, caches off; one service after the other over the same checkpoint), and the
+    first token of an identical request with the result cache off (KV and logits reuse)."""
+    import gc
+
+    import psutil
+
+    from .config import Settings
+    from .quant import release_torch_vision
+    from .service import VLModelService
+
+    model_dir, _ = bench_model(cache_dir, quick)
+    images = workload_images(quick)
+    report: dict = {"llm": {}, "repeat": {}}
+    for quant in ("", "int8"):
+        settings = Settings(model=str(model_dir), cache_dir=str(cache_dir), threads=threads, disk_cache_mb=0,
+                            kv_cache_mb=0, result_cache_entries=0, llm_quant=quant)
+        svc = VLModelService(settings)
+        svc.prepare_files()
+        release_torch_vision(svc.model)
+        svc.start()
+        ours = Ours(svc, quant or "float32")
+        rs = [ours.run(images["photo"][i % 8], WORKLOADS["photo"]["prompt"], 32) for i in range(runs + 1)][1:]
+        report["llm"][quant or "float32"] = {
+            "prefill_ms": _stat([r["prompt_ms"] for r in rs]), "decode_tps": _stat([r["decode_tps"] for r in rs]),
+            "ttft_ms": _stat([r["ttft_ms"] for r in rs]), "total_ms": _stat([r["total_ms"] for r in rs]),
+            "quantize_s": round(svc.quantize_s, 1), "rss_gib": round(psutil.Process().memory_info().rss / 2**30, 2)}
+        del ours, svc
+        gc.collect()
+    settings = Settings(model=str(model_dir), cache_dir=str(cache_dir), threads=threads, disk_cache_mb=0)
+    svc = VLModelService(settings)
+    svc.prepare_files()
+    svc.start()
+    ours = Ours(svc, "repeat")
+    for wl in WORKLOADS:
+        ours.run(images[wl][0], WORKLOADS[wl]["prompt"], 8)
+        report["repeat"][wl] = _stat([ours.run(images[wl][0], WORKLOADS[wl]["prompt"], 8)["ttft_ms"]
+                                      for _ in range(runs)])
+    f, q = report["llm"]["float32"], report["llm"]["int8"]
+    lines = ["| LLM | prefill ms | decode tok/s | first token s | 32-token answer s |", "|---|---|---|---|---|"]
+    for name, r in report["llm"].items():
+        lines.append(f"| {name} | {r['prefill_ms']['median']:.0f} | {r['decode_tps']['median']:.2f} | "
+                     f"{r['ttft_ms']['median'] / 1e3:.2f} | {r['total_ms']['median'] / 1e3:.2f} |")
+    lines += ["", f"INT8 / float32: prefill {f['prefill_ms']['median'] / q['prefill_ms']['median']:.1f}x faster, "
+              f"decode {q['decode_tps']['median'] / f['decode_tps']['median']:.1f}x, answer "
+              f"{f['total_ms']['median'] / q['total_ms']['median']:.1f}x; quantisation {q['quantize_s']} s.", "",
+              "Identical request again (result cache off), first token: " + ", ".join(
+                  f"{wl} {v['median']:.1f} ms ({v['min']:.1f}-{v['max']:.1f})" for wl, v in report["repeat"].items())]
+    (out / "extras.json").write_text(json.dumps(report, indent=2))
+    (out / "extras.md").write_text("\n".join(lines) + "\n")
+    return report
+
+
 def main(argv=None) -> int:
     from .config import Settings
 
@@ -473,7 +527,16 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--out", type=Path, default=Path("bench-out"))
     ap.add_argument("--render", action="store_true", help="only re-render bench.md/png from --out's bench.json")
+    ap.add_argument("--extras", action="store_true",
+                    help="only the INT8-LLM and identical-request checks (extras.md/json in --out)")
     args = ap.parse_args(argv)
+    if args.extras:
+        settings = Settings.from_env()
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        args.out.mkdir(parents=True, exist_ok=True)
+        extras(args.out, settings.cache_path, settings.num_threads, args.runs, args.quick)
+        print((args.out / "extras.md").read_text())
+        return 0
     if args.render:
         report = json.loads((args.out / "bench.json").read_text())
         (args.out / "bench.md").write_text(markdown(report))

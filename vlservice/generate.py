@@ -128,6 +128,11 @@ class Decoder:
         self._next_pos = len(prompt)
         return self.lm_head(out.last_hidden_state[:, -1]).float()[0]
 
+    def resume(self, prompt: Prompt) -> None:
+        """Continue after `prompt` whose KV is already cached (no forward pass)."""
+        _, self._delta = self.positions(prompt)
+        self._next_pos = len(prompt)
+
     @torch.inference_mode()
     def step(self, token: int, cache):
         embeds = self.embed(torch.tensor([[token]], dtype=torch.long))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,7 +31,8 @@ class Entry:
     images: list  # [(start, end, key)] image runs inside `ids`
     cache: object  # transformers DynamicCache
     nbytes: int = 0
-    uses: int = field(default=0)
+    prompt_len: int = 0  # the prompt that started this entry, and the logits that followed it
+    prompt_logits: object = None
 
 
 def cache_bytes(cache) -> int:
@@ -90,15 +91,18 @@ class PrefixCache:
             if best_len < len(entry.ids):
                 # A branch off a longer conversation: leave that one whole, work on a copy.
                 return Entry(ids=entry.ids[:best_len], images=[i for i in entry.images if i[1] <= best_len],
-                             cache=copy.deepcopy(entry.cache)), best_len
+                             cache=copy.deepcopy(entry.cache), prompt_len=entry.prompt_len,
+                             prompt_logits=entry.prompt_logits), best_len
             del self._entries[best]  # the usual follow-up: extend this very entry
             self._used -= entry.nbytes
             return entry, best_len
 
-    def put(self, ids: np.ndarray, images: list, cache) -> None:
+    def put(self, ids: np.ndarray, images: list, cache, prompt_len: int = 0, prompt_logits=None) -> None:
         if not self.enabled or len(ids) == 0:
             return
-        entry = Entry(ids=ids, images=images, cache=cache, nbytes=cache_bytes(cache))
+        extra = prompt_logits.numel() * prompt_logits.element_size() if prompt_logits is not None else 0
+        entry = Entry(ids=ids, images=images, cache=cache, nbytes=cache_bytes(cache) + extra,
+                      prompt_len=prompt_len, prompt_logits=prompt_logits)
         if entry.nbytes > self.max_bytes:
             return
         with self._lock:

@@ -455,9 +455,14 @@ class VLModelService:
         t_start = time.perf_counter()
         ids = np.asarray(prompt.input_ids, dtype=np.int64)
         entry, shared = self.kv.take(ids, images)
+        logits = None
         if entry is not None:
             cache = entry.cache
-            start = min(shared, len(prompt) - 1)  # at least one token to prefill: its logits
+            if shared == len(prompt) == entry.prompt_len and entry.prompt_logits is not None:
+                # The same prompt again: its next-token logits were kept, no forward pass at all.
+                start, logits = len(prompt), entry.prompt_logits
+            else:
+                start = min(shared, len(prompt) - 1)  # at least one token to prefill: its logits
             cache.crop(start - cache.get_seq_length())
         else:
             cache, start = self.decoder.new_cache(), 0
@@ -468,17 +473,22 @@ class VLModelService:
         gen.queue.put(Event("stage", data={"stage": "prefill"}))
         t = time.perf_counter()
         fed = list(prompt.input_ids)
+        kept = {}
         try:
-            self._decode(gen, timings, prompt, feats, cache, start, fed, t, t_start)
+            self._decode(gen, timings, prompt, feats, cache, start, fed, t, t_start, logits, kept)
         except (Cancelled, KeyboardInterrupt):
-            self.kv.put(np.asarray(fed, dtype=np.int64), images, cache)  # consistent between tokens
+            self.kv.put(np.asarray(fed, dtype=np.int64), images, cache, **kept)  # consistent between tokens
             raise
         else:
-            self.kv.put(np.asarray(fed, dtype=np.int64), images, cache)
+            self.kv.put(np.asarray(fed, dtype=np.int64), images, cache, **kept)
 
-    def _decode(self, gen, timings, prompt, feats, cache, start, fed, t, t_start) -> None:
+    def _decode(self, gen, timings, prompt, feats, cache, start, fed, t, t_start, logits, kept) -> None:
         s = gen.request.sampling
-        logits = self.decoder.prefill(prompt, feats, cache, start)
+        if logits is None:
+            logits = self.decoder.prefill(prompt, feats, cache, start)
+        else:
+            self.decoder.resume(prompt)
+        kept.update(prompt_len=len(prompt), prompt_logits=logits)
         sampler = Sampler(s)
         stream = TextStream(self.tokenizer, s.stop)
         seen = list(prompt.input_ids)
