@@ -95,12 +95,27 @@ def test_models_and_operational_endpoints(server):
 
 
 def test_cpu_history_moves_while_generating(server):
-    before = requests.get(server.url + "/api/stats").json()["cpu"]["history"]
-    body = {"model": "demo", "messages": [{"role": "user", "content": "Count slowly."}], "max_tokens": 200,
-            "min_tokens": 200}
-    requests.post(server.url + "/v1/chat/completions", json=body, timeout=120)
-    after = requests.get(server.url + "/api/stats").json()["cpu"]["history"]
-    assert after and (not before or after[-1][0] > before[-1][0])
+    """The sampler runs at a fixed interval (0.5 s): polled during a generation, it shows new samples
+    and a busy CPU."""
+    body = {"model": "demo", "messages": [{"role": "user", "content": "Count slowly."}], "max_tokens": 512,
+            "min_tokens": 512, "result_cache": False}
+    done = threading.Event()
+
+    def generate():
+        for _ in range(4):  # about two seconds of model work, whatever the model's speed
+            requests.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+        done.set()
+
+    t0 = time.time()
+    threading.Thread(target=generate, daemon=True).start()
+    seen = {}
+    while not done.is_set():
+        for t, total in requests.get(server.url + "/api/stats").json()["cpu"]["history"]:
+            seen[t] = total
+        time.sleep(0.3)
+    during = {t: v for t, v in seen.items() if t > t0}
+    assert len(during) >= 2  # new samples arrived while the model worked
+    assert max(during.values()) > 20.0  # and they show the model's threads at work
 
 
 def test_cancel_endpoint_and_disconnect_free_the_model(server):
