@@ -194,7 +194,7 @@ def test_burst_every_request_completes_or_is_refused_cleanly(make_server):
     baseline_rss = requests.get(srv.url + "/api/stats").json()["rss_bytes"]
 
     def one(i):
-        body = body_with(data_url(img), max_tokens=40, min_tokens=40, stream=bool(i % 2), result_cache=False)
+        body = body_with(data_url(img), max_tokens=200, min_tokens=200, stream=bool(i % 2), result_cache=False)
         r = requests.post(srv.url + CHAT, json=body, stream=True, timeout=120)
         if r.status_code != 200:
             return r.status_code, r.headers.get("Retry-After"), r.json()["error"]["code"]
@@ -202,7 +202,7 @@ def test_burst_every_request_completes_or_is_refused_cleanly(make_server):
             lines = [line for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
             done = lines[-1] == "data: [DONE]" and any('"finish_reason": "length"' in line for line in lines)
             return 200, done, None
-        return 200, r.json()["usage"]["completion_tokens"] == 40, None
+        return 200, r.json()["usage"]["completion_tokens"] == 200, None
 
     with ThreadPoolExecutor(12) as pool:
         results = list(pool.map(one, range(12)))
@@ -221,9 +221,9 @@ def test_burst_every_request_completes_or_is_refused_cleanly(make_server):
 # --------------------------------------------------------------------------- timeouts
 
 def test_queue_timeout_and_long_generation_survive_the_worker_timeout(make_server):
-    srv = make_server("timeouts", VL_QUEUE_TIMEOUT_S="1", VL_WORKER_TIMEOUT="2", VL_MAX_TOKENS_CAP="2000")
-    long_body = {"model": "demo", "messages": [{"role": "user", "content": "Go on."}], "max_tokens": 2000,
-                 "min_tokens": 2000}
+    srv = make_server("timeouts", VL_QUEUE_TIMEOUT_S="1", VL_WORKER_TIMEOUT="2", VL_MAX_TOKENS_CAP="3000")
+    long_body = {"model": "demo", "messages": [{"role": "user", "content": "Go on."}], "max_tokens": 3000,
+                 "min_tokens": 3000}
     holder = {}
     t = threading.Thread(target=lambda: holder.update(r=post(srv, long_body, timeout=300)))
     t0 = time.time()
@@ -235,7 +235,7 @@ def test_queue_timeout_and_long_generation_survive_the_worker_timeout(make_serve
     t.join(300)
     elapsed = time.time() - t0
     r = holder["r"]
-    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2000
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3000
     assert elapsed > 2, "the generation must outlast the worker timeout for this test to mean anything"
 
 
