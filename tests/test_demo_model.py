@@ -7,7 +7,6 @@ import json
 
 import numpy as np
 import pytest
-import requests
 
 from conftest import image_message, png_bytes
 

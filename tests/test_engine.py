@@ -8,7 +8,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 from vlservice.errors import Busy, ContextLengthExceeded, InvalidImage, InvalidRequest
 from vlservice.generate import Sampling

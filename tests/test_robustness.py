@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import ARTIFACTS, data_url, image_message, png_bytes, scene
+from conftest import ARTIFACTS, data_url, png_bytes, scene
 
 pytestmark = pytest.mark.server
 

@@ -258,7 +258,7 @@ def run(out: Path, runs: int, tokens: int, quick: bool, cache_dir: Path, threads
     from .config import Settings
     from .models import ModelSource
     from .service import VLModelService
-    from .vision import OnnxVision, ensure_onnx
+    from .vision import ensure_onnx
 
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(threads)

@@ -27,7 +27,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -284,16 +283,11 @@ class VLModelService:
         """One small request through every stage, so the first user pays no one-time cost."""
         rgb = np.full((64, 64, 3), 200, dtype=np.uint8)
         prepared = imgs.prepare(rgb, self.spec, self.settings.detail_low_pixels)
-        self.encoder(prepared.pixel_values, prepared.grid_thw)
-        msgs = [Message("user", [ImageInput(b""), "Hi"])]
-        work = {"prepared": [prepared], "keys": [None], "budgets": [0], "prompt": None}
-        work["prompt"] = self._prompt(msgs, [prepared])
-        sampling = Sampling(max_tokens=2, temperature=0.0)
         feats = [self.encoder(prepared.pixel_values, prepared.grid_thw)]
+        prompt = self._prompt([Message("user", [ImageInput(b""), "Hi"])], [prepared])
         cache = self.decoder.new_cache()
-        logits = self.decoder.prefill(work["prompt"], feats, cache)
+        logits = self.decoder.prefill(prompt, feats, cache)
         self.decoder.step(int(logits.argmax()), cache)
-        del sampling
 
     # ----------------------------------------------------------------- submit (caller's thread)
     def submit(self, request: ChatRequest) -> Generation:
@@ -450,7 +444,6 @@ class VLModelService:
         return feats
 
     def _generate(self, gen: Generation, timings: dict) -> None:
-        s = gen.request.sampling
         prompt, images = gen.work["prompt"], gen.work["images"]
         t_start = time.perf_counter()
         ids = np.asarray(prompt.input_ids, dtype=np.int64)
@@ -601,4 +594,4 @@ def load_service(settings: Settings | None = None, start: bool = True) -> VLMode
 
 
 __all__ = ["VLModelService", "ChatRequest", "Message", "ImageInput", "Generation", "Event", "Sampling",
-           "load_service", "Path"]
+           "load_service"]

@@ -27,7 +27,6 @@ def normalise(text: str) -> str:
 def run(model_dir: Path, n: int, seed: int, cache_dir: Path, threads: int = 0) -> dict:
     from ..config import Settings
     from ..generate import Sampling
-    from ..models import ModelSource
     from ..service import ChatRequest, ImageInput, Message, load_service
 
     samples = list(iter_samples(seed, n))
