@@ -40,14 +40,37 @@ def test_bench_quick_writes_json_markdown_and_chart(tmp_path, cache_dir):
     assert (out / "bench.png").stat().st_size > 1000
 
 
+def quick_bench(mode: str, out, cache_dir) -> None:
+    """`python -m vlservice bench <mode> --quick --runs 1` on the tiny checkpoint; must succeed."""
+    env = {**os.environ, "VL_CACHE_DIR": str(cache_dir), "VL_THREADS": "2", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "vlservice", "bench", mode, "--quick", "--runs", "1",
+                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_bench_extras_compare_float32_and_int8_llm_and_repeats(tmp_path, cache_dir):
     out = tmp_path / "extras"
-    env = {**os.environ, "VL_CACHE_DIR": str(cache_dir), "VL_THREADS": "2", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "vlservice", "bench", "--extras", "--quick", "--runs", "1",
-                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    quick_bench("--extras", out, cache_dir)
     report = json.loads((out / "extras.json").read_text())
-    assert set(report["llm"]) == {"float32", "int8"} and report["llm"]["int8"]["quantize_s"] > 0
-    assert all(r["decode_tps"]["median"] > 0 for r in report["llm"].values())
+    assert set(report["llm"]) == {"float32", "int8"}
+    for row in report["llm"].values():
+        for wl in ("photo", "document"):
+            assert row[wl]["decode_tps"]["median"] > 0 and row[wl]["follow_up_ttft_ms"]["median"] > 0
+            # the follow-up reuses the first turn's KV cache: at least its whole prompt
+            assert row[wl]["follow_up_cache_n"] >= row[wl]["prompt_n"] and row[wl]["follow_up_prompt_n"] > 0
     assert set(report["repeat"]) == {"photo", "document"}
     assert "INT8 / float32" in (out / "extras.md").read_text()
+
+
+def test_bench_levers_measures_each_setting_in_its_own_process(tmp_path, cache_dir):
+    out = tmp_path / "levers"
+    quick_bench("--levers", out, cache_dir)
+    report = json.loads((out / "levers.json").read_text())
+    summary = report["summary"]
+    assert {"default", "threads=1", "OMP bound to cores", "MALLOC_ARENA_MAX=2"} <= set(summary)
+    assert set(summary) | set(report["missing"]) >= {"jemalloc", "tcmalloc"}
+    for r in summary.values():
+        assert r["n"] == 2 and r["decode_tps"] > 0 and r["peak_rss_mib"] > 0  # one run per pass, two passes
+    g = report["grayscale"]
+    assert g["colour"]["tokens"] == g["grayscale"]["tokens"] and g["grayscale"]["bytes"] < g["colour"]["bytes"]
+    assert "answer vs default" in (out / "levers.md").read_text()

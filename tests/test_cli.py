@@ -168,3 +168,20 @@ def test_chat_non_image_exits_2(cli_env, tmp_path):
     assert r.returncode == 2
     assert "error:" in r.stderr
     assert r.stdout == ""
+
+
+@pytest.mark.server
+def test_memory_command_reports_each_gunicorn_process(cli_env, tmp_path):
+    """`python -m vlservice.memory` starts Gunicorn as users do and reads every process's memory."""
+    out = tmp_path / "mem.json"
+    env = {**cli_env, "VL_WARMUP": "0", "VL_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "vlservice.memory", "--workers", "1", "--json", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    roles = sorted(r["role"] for r in report["processes"])
+    assert roles == ["master", "worker"]
+    for r in report["processes"]:
+        assert 0 < r["uss_mib"] <= r["pss_mib"] <= r["rss_mib"] <= r["peak_rss_mib"]
+    assert report["max_peak_rss_mib"] == max(r["peak_rss_mib"] for r in report["processes"])
+    assert "| total |" in proc.stdout

@@ -321,6 +321,40 @@ def test_llm_int8_is_opt_in_and_answers(settings_for):
     assert r["usage"]["completion_tokens"] == 6 and r["text"]
 
 
+def test_llm_int8_is_stored_once_and_loaded_without_float_linears(settings_for, tiny_model_dir, cache_dir):
+    """The INT8 weights are built in a child process and stored under VL_CACHE_DIR; a server then
+    loads them into a skeleton: no float32 linear of the LLM, no vision weights once ONNX files
+    exist, and the same logits as quantising a float32 model in place."""
+    import torch
+    from torch.ao.nn.quantized.dynamic import Linear as QLinear
+    from transformers import Qwen3VLForConditionalGeneration
+
+    from vlservice.quant import int8_path, quantize_llm_int8
+    from vlservice.service import load_service
+
+    settings = settings_for(vision_backend="onnx-int8", llm_quant="int8", warmup=False, disk_cache_mb=0)
+    first = load_service(settings, start=False)
+    stored = int8_path(tiny_model_dir, cache_dir)
+    assert stored.is_file() and stored.parent.parent.name == "llm-int8"
+    svc = load_service(settings)
+    assert svc.llm_int8_stats["build_s"] == 0.0  # the second start reads the stored file
+    lm = svc.model.model.language_model
+    floats = [n for n, m in lm.named_modules() if type(m) is torch.nn.Linear]
+    assert floats == [] and isinstance(svc.model.lm_head, QLinear)
+    assert all(p.numel() == 0 for p in svc.model.model.visual.parameters())  # ONNX runs the encoder
+    assert svc.model.model.visual.rotary_pos_emb.inv_freq.device.type == "cpu"
+
+    ref = Qwen3VLForConditionalGeneration.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
+    quantize_llm_int8(ref)
+    ids = torch.tensor([[5, 17, 99, 230, 7, 64, 3]])
+    with torch.inference_mode():
+        got = first.model(input_ids=ids).logits
+        want = ref(input_ids=ids).logits
+    assert torch.equal(got, want)
+    r = ask(svc, ImageInput(png_bytes(scene(seed=40))), QUESTION, max_tokens=6, min_tokens=6)
+    assert r["usage"]["completion_tokens"] == 6 and r["text"]
+
+
 def test_compare_command_reports_agreement_and_speed(tmp_path, tiny_model_dir, cache_dir, monkeypatch):
     from vlservice import compare
 
@@ -336,3 +370,38 @@ def test_compare_command_reports_agreement_and_speed(tmp_path, tiny_model_dir, c
     report = json.loads(out.read_text())
     assert report["pairs"] == 4 and report["exact_match"] == 1.0  # fp32 ONNX answers as PyTorch does
     assert report["leading_token_agreement"] == 1.0 and report["speedup_of_b"] > 0
+
+
+def test_idle_service_hands_freed_heap_back(service_for):
+    """After a request the worker calls glibc's malloc_trim (VL_MALLOC_TRIM)."""
+    from vlservice.service import malloc_trim
+
+    assert malloc_trim() is True  # glibc is there on every Linux we support
+    svc = service_for()
+    assert svc.settings.malloc_trim  # on by default
+    svc._last_trim = 0.0
+    ask(svc, ImageInput(png_bytes(scene(seed=41))), QUESTION, max_tokens=2)
+    assert svc._last_trim > 0.0
+    saved = svc.settings
+    try:
+        svc.settings = saved.with_(malloc_trim=False)
+        svc._last_trim = 0.0
+        ask(svc, ImageInput(png_bytes(scene(seed=42))), QUESTION, max_tokens=2)
+        assert svc._last_trim == 0.0
+    finally:
+        svc.settings = saved
+
+
+def test_finished_requests_are_not_kept_alive(service_for):
+    """A result-cache replay finishes within microseconds of its submission; it must still leave
+    the registry of active requests (it used to stay there for good: the soak's memory growth)."""
+    svc = service_for()
+    img = ImageInput(png_bytes(scene(seed=43)))
+    ask(svc, img, QUESTION, max_tokens=3)
+    for _ in range(60):
+        r = ask(svc, img, QUESTION, max_tokens=3)
+        assert r["timings"]["result_cache_hit"] is True
+    deadline = time.time() + 5
+    while svc._active and time.time() < deadline:
+        time.sleep(0.01)
+    assert svc._active == {}

@@ -191,3 +191,19 @@ def test_soak_short_run_passes(server, tmp_path):
     assert m["rss_start_mb"] > 0 and m["rss_end_mb"] > 0 and len(m["samples"]) >= 3
     assert m["trend_judged"] is False  # 18 s is too short to judge a trend
     assert isinstance(m["slope_mb_per_min"], float)
+
+
+@slow
+@server_test
+def test_soak_sends_only_the_chosen_kinds(server, tmp_path):
+    out = tmp_path / "soak.json"
+    r = subprocess.run([sys.executable, "-m", "vlservice", "soak", "--url", server.url, "--seconds", "6",
+                        "--sample-every", "3", "--kinds", "new_image", "bad_json", "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    kinds = json.loads(out.read_text())["kinds"]
+    assert kinds["new_image"]["sent"] > 0 and kinds["bad_json"]["sent"] > 0
+    assert all(k["sent"] == 0 for name, k in kinds.items() if name not in ("new_image", "bad_json"))
+    bad = subprocess.run([sys.executable, "-m", "vlservice", "soak", "--url", server.url, "--seconds", "1",
+                          "--kinds", "nonsense"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown kind" in bad.stderr

@@ -188,7 +188,8 @@ class Ours:
         return {"image_decode_ms": t["image_decode_ms"], "preprocess_ms": t["preprocess_ms"],
                 "vision_encode_ms": t["vision_encode_ms"], "prompt_ms": t["prompt_ms"], "ttft_ms": t["ttft_ms"],
                 "decode_ms": t["predicted_ms"], "total_ms": total, "decode_tps": t["predicted_per_second"],
-                "prompt_n": t["prompt_n"], "predicted_n": t["predicted_n"], "answer": r["text"],
+                "prompt_n": t["prompt_n"], "cache_n": t.get("cache_n", 0), "predicted_n": t["predicted_n"],
+                "answer": r["text"],
                 "cache_hit": t["vision_cache_hit"]}
 
 
@@ -465,57 +466,81 @@ def chart(summary: dict, path: Path) -> None:
 
 
 def extras(out: Path, cache_dir: Path, threads: int, runs: int, quick: bool) -> dict:
-    """Two checks that need a service of their own: the float32 LLM against the opt-in INT8 one
-    (photo workload, caches off; one service after the other over the same checkpoint), and the
-    first token of an identical request with the result cache off (KV and logits reuse)."""
+    """Checks that need services of their own: the float32 LLM against the opt-in INT8 one (loaded
+    from its store under VL_CACHE_DIR, as a server loads it), each on a new image and on a
+    follow-up question in the same conversation (KV prefix reuse), one service after the other over
+    the same checkpoint; and the first token of an identical request with the result cache off."""
     import gc
 
     import psutil
 
     from .config import Settings
-    from .quant import release_torch_vision
-    from .service import VLModelService
+    from .service import load_service
 
     model_dir, _ = bench_model(cache_dir, quick)
     images = workload_images(quick)
     report: dict = {"llm": {}, "repeat": {}}
     for quant in ("", "int8"):
         settings = Settings(model=str(model_dir), cache_dir=str(cache_dir), threads=threads, disk_cache_mb=0,
-                            kv_cache_mb=0, result_cache_entries=0, llm_quant=quant)
-        svc = VLModelService(settings)
-        svc.prepare_files()
-        release_torch_vision(svc.model)
-        svc.start()
+                            result_cache_entries=0, llm_quant=quant, warmup=False)
+        svc = load_service(settings)
         ours = Ours(svc, quant or "float32")
-        rs = [ours.run(images["photo"][i % 8], WORKLOADS["photo"]["prompt"], 32) for i in range(runs + 1)][1:]
-        report["llm"][quant or "float32"] = {
-            "prefill_ms": _stat([r["prompt_ms"] for r in rs]), "decode_tps": _stat([r["decode_tps"] for r in rs]),
-            "ttft_ms": _stat([r["ttft_ms"] for r in rs]), "total_ms": _stat([r["total_ms"] for r in rs]),
-            "quantize_s": round(svc.quantize_s, 1), "rss_gib": round(psutil.Process().memory_info().rss / 2**30, 2)}
+        row: dict = {"quantize_s": round(svc.quantize_s, 1), "load_s": round(svc.load_s, 1)}
+        for wl, spec in WORKLOADS.items():
+            cold, follow = [], []
+            for i in range(runs + 1):  # run 0 warms up and is not counted
+                img = images[wl][i % len(images[wl])]
+                c = ours.run(img, spec["prompt"], 32)
+                f = ours.run(img, "What else can you see?", 32, history=(spec["prompt"], c["answer"]))
+                if i:
+                    cold.append(c)
+                    follow.append(f)
+            row[wl] = {"prefill_ms": _stat([r["prompt_ms"] for r in cold]),
+                       "decode_tps": _stat([r["decode_tps"] for r in cold]),
+                       "ttft_ms": _stat([r["ttft_ms"] for r in cold]), "total_ms": _stat([r["total_ms"] for r in cold]),
+                       "follow_up_ttft_ms": _stat([r["ttft_ms"] for r in follow]),
+                       "prompt_n": cold[-1]["prompt_n"], "follow_up_prompt_n": follow[-1]["prompt_n"],
+                       "follow_up_cache_n": follow[-1]["cache_n"]}
+        row["rss_gib"] = round(psutil.Process().memory_info().rss / 2**30, 2)
+        report["llm"][quant or "float32"] = row
         del ours, svc
         gc.collect()
     settings = Settings(model=str(model_dir), cache_dir=str(cache_dir), threads=threads, disk_cache_mb=0)
-    svc = VLModelService(settings)
-    svc.prepare_files()
-    svc.start()
+    svc = load_service(settings)
     ours = Ours(svc, "repeat")
     for wl in WORKLOADS:
         ours.run(images[wl][0], WORKLOADS[wl]["prompt"], 8)
         report["repeat"][wl] = _stat([ours.run(images[wl][0], WORKLOADS[wl]["prompt"], 8)["ttft_ms"]
                                       for _ in range(runs)])
+    (out / "extras.json").write_text(json.dumps(report, indent=2))
+    (out / "extras.md").write_text(extras_markdown(report))
+    return report
+
+
+def extras_markdown(report: dict) -> str:
     f, q = report["llm"]["float32"], report["llm"]["int8"]
-    lines = ["| LLM | prefill ms | decode tok/s | first token s | 32-token answer s |", "|---|---|---|---|---|"]
+    lines = ["| LLM | workload | prefill ms | decode tok/s | first token s | 32-token answer s | follow-up first token s |",
+             "|---|---|---|---|---|---|---|"]
     for name, r in report["llm"].items():
-        lines.append(f"| {name} | {r['prefill_ms']['median']:.0f} | {r['decode_tps']['median']:.2f} | "
-                     f"{r['ttft_ms']['median'] / 1e3:.2f} | {r['total_ms']['median'] / 1e3:.2f} |")
-    lines += ["", f"INT8 / float32: prefill {f['prefill_ms']['median'] / q['prefill_ms']['median']:.1f}x faster, "
-              f"decode {q['decode_tps']['median'] / f['decode_tps']['median']:.1f}x, answer "
-              f"{f['total_ms']['median'] / q['total_ms']['median']:.1f}x; quantisation {q['quantize_s']} s.", "",
+        for wl in WORKLOADS:
+            w = r[wl]
+            lines.append(f"| {name} | {wl} | {w['prefill_ms']['median']:.0f} | {w['decode_tps']['median']:.2f} | "
+                         f"{w['ttft_ms']['median'] / 1e3:.2f} | {w['total_ms']['median'] / 1e3:.2f} | "
+                         f"{w['follow_up_ttft_ms']['median'] / 1e3:.2f} |")
+    lines.append("")
+    for wl in WORKLOADS:
+        a, b = f[wl], q[wl]
+        lines.append(f"- {wl}, INT8 / float32: prefill {a['prefill_ms']['median'] / b['prefill_ms']['median']:.1f}x "
+                     f"faster, decode {b['decode_tps']['median'] / a['decode_tps']['median']:.1f}x, answer "
+                     f"{a['total_ms']['median'] / b['total_ms']['median']:.1f}x, follow-up first token "
+                     f"{a['follow_up_ttft_ms']['median'] / b['follow_up_ttft_ms']['median']:.1f}x "
+                     f"(follow-up: {b['follow_up_cache_n']} tokens from the conversation's KV cache, "
+                     f"{b['follow_up_prompt_n']} computed).")
+    lines += [f"- INT8 weights built once and stored: {q['quantize_s']} s (0 when already stored); "
+              f"service load {f['load_s']} s float32, {q['load_s']} s INT8.", "",
               "Identical request again (result cache off), first token: " + ", ".join(
                   f"{wl} {v['median']:.1f} ms ({v['min']:.1f}-{v['max']:.1f})" for wl, v in report["repeat"].items())]
-    (out / "extras.json").write_text(json.dumps(report, indent=2))
-    (out / "extras.md").write_text("\n".join(lines) + "\n")
-    return report
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
@@ -529,7 +554,13 @@ def main(argv=None) -> int:
     ap.add_argument("--render", action="store_true", help="only re-render bench.md/png from --out's bench.json")
     ap.add_argument("--extras", action="store_true",
                     help="only the INT8-LLM and identical-request checks (extras.md/json in --out)")
+    ap.add_argument("--levers", action="store_true",
+                    help="only the system settings (allocators, threads, affinity, grayscale): levers.md/json in --out")
     args = ap.parse_args(argv)
+    if args.levers:
+        from . import levers
+
+        return levers.main(["--runs", str(args.runs), "--out", str(args.out)] + (["--quick"] if args.quick else []))
     if args.extras:
         settings = Settings.from_env()
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

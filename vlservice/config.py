@@ -61,6 +61,7 @@ class Settings:
     result_cache_entries: int = 256  # identical greedy requests answered at once; 0 turns it off
     disk_cache_mb: int = 2048  # disk tier; 0 turns it off
     warmup: bool = True
+    malloc_trim: bool = True  # return freed heap to the system when the model goes idle (glibc)
     api_key: str = ""  # empty: no auth on /v1/*
     cors_origins: str = ""  # comma separated; empty: CORS off
     remote_images: str = ""  # comma separated https host allowlist; empty: remote URLs refused

@@ -31,6 +31,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _peak_rss_mib(pid: int) -> int:
+    """The process's high-water mark of resident memory (VmHWM), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024)
+    return 0
+
+
 def measure(workers: int, timeout: float = 900) -> dict:
     port = _free_port()
     env = {**os.environ, "VL_BIND": f"127.0.0.1:{port}", "VL_WORKERS": str(workers)}
@@ -57,9 +65,10 @@ def measure(workers: int, timeout: float = 900) -> dict:
             m = p.memory_full_info()
             rows.append({"pid": p.pid, "role": "master" if p.pid == proc.pid else "worker",
                          "rss_mib": round(m.rss / 2**20), "pss_mib": round(m.pss / 2**20),
-                         "uss_mib": round(m.uss / 2**20)})
+                         "uss_mib": round(m.uss / 2**20), "peak_rss_mib": _peak_rss_mib(p.pid)})
         return {"workers": workers, "processes": rows,
-                "total_rss_mib": sum(r["rss_mib"] for r in rows), "total_pss_mib": sum(r["pss_mib"] for r in rows)}
+                "total_rss_mib": sum(r["rss_mib"] for r in rows), "total_pss_mib": sum(r["pss_mib"] for r in rows),
+                "max_peak_rss_mib": max(r["peak_rss_mib"] for r in rows)}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)
@@ -68,12 +77,15 @@ def measure(workers: int, timeout: float = 900) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m vlservice.memory", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--json", help="also write the report to this file")
     args = ap.parse_args(argv)
     report = measure(args.workers)
-    print("| process | RSS MiB | PSS MiB | USS MiB |\n|---|---|---|---|")
+    print("| process | RSS MiB | PSS MiB | USS MiB | peak RSS MiB |\n|---|---|---|---|---|")
     for r in report["processes"]:
-        print(f"| {r['role']} {r['pid']} | {r['rss_mib']} | {r['pss_mib']} | {r['uss_mib']} |")
-    print(f"| total | {report['total_rss_mib']} | {report['total_pss_mib']} | |")
+        print(f"| {r['role']} {r['pid']} | {r['rss_mib']} | {r['pss_mib']} | {r['uss_mib']} | {r['peak_rss_mib']} |")
+    print(f"| total | {report['total_rss_mib']} | {report['total_pss_mib']} | | |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
 
 

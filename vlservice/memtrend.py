@@ -42,13 +42,20 @@ def main(argv=None) -> int:
                                       feature_cache_mb=16, kv_cache_mb=32))
         proc, t0 = psutil.Process(), time.time()
         print("| requests | RSS MiB | seconds |\n|---:|---:|---:|")
+        points = []
         for i in range(args.requests + 1):
             img = _image(5000 + i) if i % 2 else _image(i % 40)
             svc.chat(ChatRequest([Message("user", [ImageInput(img), f"Describe {i % 7}"])], Sampling(max_tokens=16),
                                  result_cache=False))
             if i % args.every == 0:
                 gc.collect()
-                print(f"| {i} | {proc.memory_info().rss / 2**20:.0f} | {time.time() - t0:.0f} |", flush=True)
+                rss = proc.memory_info().rss / 2**20
+                points.append((i, rss))
+                print(f"| {i} | {rss:.0f} | {time.time() - t0:.0f} |", flush=True)
+    late = [p for p in points if p[0] >= args.requests / 2]
+    if len(late) >= 2:
+        slope = float(np.polyfit([p[0] for p in late], [p[1] for p in late], 1)[0]) * 1000
+        print(f"\nsecond half: {slope:+.1f} MiB per 1000 requests (malloc_trim {'on' if svc.settings.malloc_trim else 'off'})")
     return 0
 
 

@@ -82,6 +82,26 @@ class Event:
 
 # --------------------------------------------------------------------------- the model lock
 
+def malloc_trim() -> bool:
+    """glibc's `malloc_trim(0)`: return free heap pages to the system. False where there is none."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+
+        try:
+            _LIBC = ctypes.CDLL("libc.so.6")
+            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _LIBC = False
+    if not _LIBC:
+        return False
+    _LIBC.malloc_trim(0)
+    return True
+
+
+_LIBC = None
+
+
 class PriorityLock:
     """One holder at a time; waiters served by (priority, arrival). Counts who waits."""
 
@@ -138,7 +158,10 @@ class Generation:
         self.created = int(time.time())
         self.thread = threading.Thread(target=service._run, args=(self,), name=f"gen-{self.id[-6:]}",
                                        daemon=True)
+
+    def start(self) -> "Generation":
         self.thread.start()
+        return self
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -194,14 +217,22 @@ class VLModelService:
             self.tokenizer.chat_template = json.loads((path / "chat_template.json").read_text())["chat_template"]
         pre = json.loads((path / "preprocessor_config.json").read_text())
         self.spec = imgs.ImageSpec.from_preprocessor_config(pre)
-        if model is None:
-            model = Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32)
-        self.model = model.eval()
         self.quantize_s = 0.0
-        if settings.llm_quant == "int8":
+        self.llm_int8_stats: dict = {}
+        if model is None and settings.llm_quant == "int8":
+            from .quant import load_int8_model
+            from .vision import onnx_ready
+
+            need_vision = not onnx_ready(path, settings.cache_path, settings.vision_backend)
+            model, self.llm_int8_stats = load_int8_model(path, settings.cache_path, need_vision)
+            self.quantize_s = self.llm_int8_stats["build_s"]
+        elif model is None:
+            model = Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32)
+        elif settings.llm_quant == "int8":  # a shared float model (the benchmark): quantise in place
             from .quant import quantize_llm_int8
 
-            self.quantize_s = quantize_llm_int8(self.model)
+            self.quantize_s = quantize_llm_int8(model)
+        self.model = model.eval()
         self.model.requires_grad_(False)
         gen = self.model.generation_config
         eos = gen.eos_token_id if isinstance(gen.eos_token_id, (list, tuple)) else [gen.eos_token_id]
@@ -230,6 +261,7 @@ class VLModelService:
         self.counters = {"requests": 0, "completed": 0, "errors": 0, "cancelled": 0, "busy": 0,
                          "prompt_tokens": 0, "completion_tokens": 0}
         self.encoder_calls = 0
+        self._last_trim = 0.0
         self.listeners: list = []  # callables(timings) for metrics
         log.info("loaded %s from %s in %.1f s%s", self.source.name, path, self.load_s,
                  " (DEMO model)" if self.source.is_demo else "")
@@ -343,9 +375,17 @@ class VLModelService:
         except Exception:
             self._slots.release()
             raise
+        # Registered before its thread starts: a result-cache replay can finish (and unregister)
+        # within microseconds, and registering after that kept every such request alive for good.
         with self._active_lock:
             self._active[gen.id] = gen
-        return gen
+        try:
+            return gen.start()
+        except Exception:
+            with self._active_lock:
+                self._active.pop(gen.id, None)
+            self._slots.release()
+            raise
 
     def cancel(self, request_id: str) -> bool:
         with self._active_lock:
@@ -411,10 +451,21 @@ class VLModelService:
             put(Event("error", error=EngineError(f"the engine failed: {type(exc).__name__}")))
         finally:
             if got_lock:
+                if self.settings.malloc_trim:
+                    self._trim()
                 self.lock.release()
             self._slots.release()
             with self._active_lock:
                 self._active.pop(gen.id, None)
+
+    def _trim(self) -> None:
+        """Give the freed heap back to the system (glibc keeps it otherwise: the soak's slow RSS
+        growth). Called while this request still holds the model lock, so no inference runs
+        meanwhile; at most once a second, a few milliseconds each."""
+        now = time.monotonic()
+        if now - self._last_trim >= 1.0:
+            self._last_trim = now
+            malloc_trim()
 
     def _features(self, gen: Generation, timings: dict, needed: list) -> list:
         """Features of the images `needed` (indices): from the cache, else the encoder."""
@@ -588,6 +639,8 @@ def load_service(settings: Settings | None = None, start: bool = True) -> VLMode
 
         log.info("freed %.0f MB of PyTorch vision weights (ONNX Runtime runs the encoder)",
                  release_torch_vision(service.model) / 2**20)
+    if settings.malloc_trim:
+        malloc_trim()  # loading leaves freed buffers (conversions, packing) in the heap
     if start:
         service.start()
     return service

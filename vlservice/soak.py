@@ -253,14 +253,15 @@ class Client(threading.Thread):
         self.history: list | None = None  # the last conversation of this thread, with the answer
 
     def run(self) -> None:
-        kinds, weights = list(WEIGHTS), list(WEIGHTS.values())
+        kinds = list(self.run_.kinds)
+        weights = [WEIGHTS[k] for k in kinds]
         # every kind early in the run (the threads share them out), then a weighted random mix
-        first = [k for j, k in enumerate(KINDS) if j % self.run_.concurrency == self.index]
+        first = [k for j, k in enumerate(kinds) if j % self.run_.concurrency == self.index]
         try:
             while time.monotonic() < self.run_.deadline and not self.run_.stop.is_set():
                 kind = first.pop(0) if first else self.rng.choices(kinds, weights)[0]
                 if kind == "follow_up" and not self.history:
-                    kind = "new_image"
+                    kind = "new_image"  # a follow-up needs a conversation to follow
                 t0 = time.perf_counter()
                 try:
                     outcome = getattr(self, "do_" + kind)()
@@ -445,6 +446,7 @@ class Soak:
         self.api_key = args.api_key or ""
         self.duration_s = args.seconds if args.seconds is not None else args.minutes * 60.0
         self.concurrency = args.concurrency
+        self.kinds = tuple(args.kinds or KINDS)
         self.max_tokens = args.max_tokens
         self.sample_every = args.sample_every
         self.max_slope = args.max_rss_slope
@@ -663,6 +665,8 @@ def build_parser() -> argparse.ArgumentParser:
     length.add_argument("--minutes", type=float, help="how long to send traffic")
     length.add_argument("--seconds", type=float, help="the same in seconds (short runs, tests)")
     p.add_argument("--concurrency", type=int, default=3, help="client threads (default 3)")
+    p.add_argument("--kinds", nargs="+", metavar="KIND",
+                   help="send only these kinds of request (default: all; to find which traffic grows memory)")
     p.add_argument("--api-key", default="", help="sent as Authorization: Bearer on every request")
     p.add_argument("--json", metavar="OUT", help="also write the report as JSON to this file")
     p.add_argument("--max-tokens", type=int, default=16, help="answer length of the valid requests (default 16; "
@@ -678,6 +682,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list | None = None) -> int:
     args = build_parser().parse_args(argv)
     duration = args.seconds if args.seconds is not None else args.minutes * 60.0
+    unknown = sorted(set(args.kinds or ()) - set(KINDS))
+    if unknown:
+        print(f"error: unknown kind(s) {', '.join(unknown)}; choose from {', '.join(KINDS)}", file=sys.stderr)
+        return 2
     if not duration > 0 or args.concurrency < 1 or args.max_tokens < 1 or args.sample_every <= 0:
         print("error: --minutes/--seconds, --concurrency, --max-tokens and --sample-every must be positive",
               file=sys.stderr)

@@ -213,6 +213,14 @@ def quantize_int8(fp32_path: Path, out_path: Path, keep_fp32_scopes=KEEP_FP32_SC
     return time.perf_counter() - t0
 
 
+def onnx_ready(model_dir: Path, cache_dir: Path, backend: str) -> bool:
+    """True when `backend` runs from files already made (no PyTorch vision weights needed)."""
+    if backend == "torch":
+        return False
+    folder = Path(cache_dir) / "onnx" / fingerprint(Path(model_dir))
+    return (folder / ("int8" if backend == "onnx-int8" else "fp32") / "model.onnx").is_file()
+
+
 def ensure_onnx(model_dir: Path, visual, cache_dir: Path, backend: str) -> tuple[Path, dict]:
     """The ONNX file for `backend`, exported/quantised once and reused. Returns (path, stats)."""
     key = fingerprint(model_dir)
