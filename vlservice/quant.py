@@ -145,47 +145,18 @@ def _float_embedding_class():
     return LookupEmbedding
 
 
-_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
-           "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+def _read_tensors(path: Path, keys) -> dict:
+    """Copies of `keys` from a safetensors file, the file mapped for one tensor at a time: through a
+    single `safe_open` every page read stays resident until the handle closes, on top of the packed
+    copies, which took the peak of a real-size INT8 load to 4.1 GiB."""
+    from safetensors import safe_open
 
-
-class SafetensorsFile:
-    """Tensors of one safetensors file, each read with plain file reads into its own buffer: for the
-    INT8 store, whose tensors are copied into packed kernels' formats anyway. Through `safe_open`'s
-    mapping every page read stays resident until the handle closes, on top of the packed copies,
-    which took the peak of a real-size load to 4.1 GiB; read this way it stays at the weights."""
-
-    def __init__(self, path: Path):
-        import struct
-
-        self.path = Path(path)
-        with open(self.path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-        self.metadata = header.pop("__metadata__", {}) or {}
-        self.base = 8 + n
-        self.entries = header
-
-    def keys(self):
-        return self.entries.keys()
-
-    def __contains__(self, key):
-        return key in self.entries
-
-    def get(self, key):
-        import torch
-
-        e = self.entries[key]
-        start, end = e["data_offsets"]
-        dtype = getattr(torch, _DTYPES[e["dtype"]])
-        out = torch.empty(e["shape"], dtype=dtype)
-        if end > start:
-            buf = out.view(-1).view(torch.uint8).numpy() if out.numel() else None
-            with open(self.path, "rb") as f:
-                f.seek(self.base + start)
-                if f.readinto(memoryview(buf)) != end - start:
-                    raise RuntimeError(f"{self.path}: truncated tensor {key}")
-        return out
+    out = {}
+    for key in keys:
+        with safe_open(str(path), "pt") as f:
+            if key in f.keys():
+                out[key] = f.get_tensor(key).clone()
+    return out
 
 
 class _Checkpoint:
@@ -244,15 +215,17 @@ def load_int8_model(model_dir: Path, cache_dir: Path, need_vision: bool):
     with torch.device("meta"):
         model = Qwen3VLForConditionalGeneration(config)
     Linear = _dynamic_linear()
-    f = SafetensorsFile(path)
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        names = sorted({k.rsplit(".", 1)[0] for k in f.keys()})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # quantised-tensor constructors warn of a future deprecation
-        names = sorted({k.rsplit(".", 1)[0] for k in f.keys()})
         for name in names:
-            q = f.get(f"{name}.qweight")
-            weight = torch._make_per_channel_quantized_tensor(
-                q, f.get(f"{name}.scales"), f.get(f"{name}.zero_points"), 0)
-            bias = f.get(f"{name}.bias") if f"{name}.bias" in f else None
+            t = _read_tensors(path, [f"{name}.{part}" for part in ("qweight", "scales", "zero_points", "bias")])
+            q = t[f"{name}.qweight"]
+            weight = torch._make_per_channel_quantized_tensor(q, t[f"{name}.scales"], t[f"{name}.zero_points"], 0)
+            bias = t.get(f"{name}.bias")
             lin = Linear(q.shape[1], q.shape[0], bias_=bias is not None, dtype=torch.qint8)
             lin.set_weight_bias(weight, bias)
             model.set_submodule(name, lin)
