@@ -319,3 +319,14 @@ def test_engine_fault_fails_one_request_and_the_next_is_served(make_server):
         assert r.json()["error"]["type"] == "server_error"
     stats = requests.get(srv.url + "/api/stats").json()
     assert stats["busy"] is False and stats["counters"]["errors"] >= 1
+
+
+def test_sigterm_stops_workers_cleanly(make_server):
+    """A stopped worker exits with code 0 instead of aborting in native static destructors."""
+    srv = make_server("shutdown")
+    assert post(srv, body_with(data_url(png_bytes(scene())))).status_code == 200
+    srv.stop()
+    log = srv.log_text()
+    assert srv.proc.returncode == 0, log[-2000:]
+    assert "Worker exiting" in log
+    assert "terminate called" not in log and "SIGABRT" not in log and "exited with code" not in log, log[-2000:]
