@@ -9,14 +9,18 @@ import numpy as np
 import pytest
 
 from vlservice.demo.data import (
+    CHARS,
     COLORS,
+    LABEL_CLASSES,
     PROMPTS,
     SHAPES,
     TASKS,
     TEXT_MARGIN,
     Sample,
     encode_png,
+    follow_ups,
     iter_samples,
+    label_maps,
     make_sample,
 )
 
@@ -133,25 +137,62 @@ def _phrase(obj: tuple, lang: str) -> str:
 
 
 def test_answers_match_objects(samples):
-    words = {"en": ["One.", "Two.", "Three."], "zh": ["一个。", "两个。", "三个。"]}
     for s in (x for x in samples if x.kind == "shapes"):
-        if s.task == "count":
-            assert s.answer == words[s.lang][len(s.objects) - 1]
-        elif s.task == "position":
-            left = s.question == PROMPTS[s.lang]["position_left"]
-            target = (min if left else max)(s.objects, key=lambda o: o[2])
-            expected = f"The {_phrase(target, 'en')}." if s.lang == "en" else _phrase(target, "zh") + "。"
-            assert s.answer == expected
-        elif s.task == "color":
-            asked = next(o for o in s.objects
-                         if s.question == PROMPTS[s.lang]["color"].format(
-                             shape=o[0] if s.lang == "en" else SHAPES_ZH[o[0]]))
-            assert s.answer == (asked[1].capitalize() + "." if s.lang == "en" else COLORS_ZH[asked[1]] + "。")
-        elif s.task == "describe":
-            phrases = [_phrase(o, s.lang) for o in s.objects]  # objects are left to right
-            assert [o[2] for o in s.objects] == sorted(o[2] for o in s.objects)
-            found = re.findall(f"{C_EN} {S_EN}" if s.lang == "en" else f"{C_ZH}的{S_ZH}", s.answer)
-            assert found == phrases
+        _check_shape_answer(s)
+
+
+def _check_shape_answer(s: Sample) -> None:
+    words = {"en": ["One.", "Two.", "Three."], "zh": ["一个。", "两个。", "三个。"]}
+    if s.task == "count":
+        assert s.answer == words[s.lang][len(s.objects) - 1]
+    elif s.task == "position":
+        left = s.question == PROMPTS[s.lang]["position_left"]
+        target = (min if left else max)(s.objects, key=lambda o: o[2])
+        expected = f"The {_phrase(target, 'en')}." if s.lang == "en" else _phrase(target, "zh") + "。"
+        assert s.answer == expected
+    elif s.task == "color":
+        asked = next(o for o in s.objects
+                     if s.question == PROMPTS[s.lang]["color"].format(
+                         shape=o[0] if s.lang == "en" else SHAPES_ZH[o[0]]))
+        assert s.answer == (asked[1].capitalize() + "." if s.lang == "en" else COLORS_ZH[asked[1]] + "。")
+    elif s.task == "describe":
+        phrases = [_phrase(o, s.lang) for o in s.objects]  # objects are left to right
+        assert [o[2] for o in s.objects] == sorted(o[2] for o in s.objects)
+        found = re.findall(f"{C_EN} {S_EN}" if s.lang == "en" else f"{C_ZH}的{S_ZH}", s.answer)
+        assert found == phrases
+
+
+def _asked(question: str) -> tuple[str, str]:
+    """(task, lang) of a generated question."""
+    for lang, prompts in PROMPTS.items():
+        for key, prompt in prompts.items():
+            shapes = SHAPES if lang == "en" else SHAPES_ZH.values()
+            if question in {prompt.format(shape=x) for x in shapes}:
+                return key.split("_")[0], lang
+    raise AssertionError(question)
+
+
+def test_follow_ups_ask_new_questions_about_the_same_image(samples):
+    import dataclasses
+
+    rng = np.random.default_rng(0)
+    turns = []
+    for s in samples[:200]:
+        extra = follow_ups(rng, s, max_extra=3)
+        turns.append(len(extra))
+        questions = [s.question] + [q for q, _ in extra]
+        assert len(set(questions)) == len(questions) and len(extra) <= 3
+        for question, answer in extra:
+            task, lang = _asked(question)
+            if s.kind == "shapes":
+                assert task != "position" or len(s.objects) >= 2
+                _check_shape_answer(dataclasses.replace(s, question=question, answer=answer, task=task, lang=lang))
+            else:
+                assert task in ("ocr", "describe")
+                text = s.layout[0]
+                assert answer == text or re.fullmatch(ANSWER_PATTERNS[("text", "describe", lang)], answer)
+                assert text in answer
+    assert set(turns) == {0, 1, 2, 3}
 
 
 def test_shapes_are_drawn_distinct_and_separated(samples):
@@ -190,3 +231,54 @@ def test_encode_png_roundtrip(samples):
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     assert np.array_equal(cv2.cvtColor(decoded, cv2.COLOR_BGR2RGB), s.image)
+
+
+def test_label_maps_mark_what_is_drawn(samples):
+    names = list(COLORS)
+    for s in samples[:120]:
+        maps = label_maps(s)
+        assert maps.shape == s.image.shape and maps.dtype == np.uint8
+        for channel, classes in enumerate(LABEL_CLASSES):
+            assert maps[..., channel].max() < classes
+        background = s.image[0, 0].astype(int)
+        if s.kind == "shapes":
+            assert not maps[..., 2].any()
+            for shape, color, cx, cy, size in s.objects:  # the shape's centre carries its kind and colour
+                assert tuple(maps[cy, cx, :2]) == (1 + SHAPES.index(shape), 1 + names.index(color))
+                inside = maps[..., 1] == 1 + names.index(color)
+                # labelled pixels are the shape's pixels (anti-aliased edges aside)
+                close = np.abs(s.image[inside].astype(int) - COLORS[color]).max(axis=1) <= 40
+                assert close.mean() > 0.9, (shape, color, close.mean())
+            assert np.abs(s.image[maps[..., 0] == 0].astype(int) - background).max(axis=1).mean() < 20
+        else:
+            assert not maps[..., :2].any()
+            text = s.answer if s.task == "ocr" else s.layout[0]
+            assert s.layout[0] == text
+            labelled = [CHARS[c - 1] for c in np.unique(maps[..., 2]) if c]
+            assert sorted(labelled) == sorted(set(text.replace(" ", "")))
+            ink = np.abs(s.image.astype(int) - background).sum(axis=2) > 150
+            assert (maps[..., 2][ink] > 0).mean() > 0.9  # the glyph boxes hold the ink
+            cols = [np.nonzero((maps[..., 2] == 1 + CHARS.index(ch)).any(axis=0))[0].mean()
+                    for ch in text.replace(" ", "")]
+            if len(set(text.replace(" ", ""))) == len(text.replace(" ", "")):
+                assert cols == sorted(cols)  # characters labelled left to right in reading order
+
+
+def test_token_targets_follow_the_encoder_token_order():
+    from vlservice import images as I
+    from vlservice.demo.train import token_targets
+
+    spec = I.ImageSpec()
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        s = make_sample(rng, task="color")
+        p = I.prepare(s.image, spec)
+        t = token_targets(s, p.size, spec.patch_size * spec.merge_size)
+        assert t.shape == (p.num_tokens, sum(LABEL_CLASSES))
+        np.testing.assert_allclose(t.sum(axis=1), len(LABEL_CLASSES), rtol=1e-5)
+        gw = p.grid_thw[2] // 2
+        sy, sx = p.size[0] / s.image.shape[0], p.size[1] / s.image.shape[1]
+        for shape, color, cx, cy, size in s.objects:
+            row, col = int(cy * sy) // 32, int(cx * sx) // 32
+            kinds = t[row * gw + col, :LABEL_CLASSES[0]]
+            assert kinds[1 + SHAPES.index(shape)] == kinds[1:].max() > 0, (shape, kinds)

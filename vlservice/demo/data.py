@@ -13,6 +13,11 @@ Two kinds of image exist:
 * ``"text"``: a plain light card with a number or one/two uppercase words in a
   Hershey font, always inside the card with a margin.
 
+For training there is more: ``follow_ups`` draws further questions about the
+same image (packed as later chat turns), and ``label_maps`` says per pixel which
+shape, colour and character is drawn there (an auxiliary per-token loss on the
+vision encoder uses it).
+
 Everything is drawn from the ``numpy.random.Generator`` passed in, so the same
 seed always gives byte-identical images and texts (training and held-out eval
 simply use different seeds).  Only numpy and cv2 are used.
@@ -88,7 +93,7 @@ MARGIN = 4  # px between shapes and the image border
 GAP = 8  # minimum horizontal px between two shapes' bounding boxes
 MIN_RADIUS, MAX_RADIUS = 12, 48
 TEXT_MARGIN = 6  # px between the text (incl. stroke) and the card border
-MIN_TEXT_HEIGHT = 16  # px: smallest text box height (caps are ~0.75 of it)
+MIN_TEXT_HEIGHT = 28  # px: smallest text box height (caps are ~0.75 of it; a 16-px patch sees half a glyph)
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,6 +112,7 @@ class Sample:
     lang: str
     kind: str
     objects: tuple = ()
+    layout: tuple = ()  # text cards: (text, font, scale, thickness, x, baseline_y)
 
 
 # --------------------------------------------------------------------------- shapes
@@ -193,11 +199,11 @@ def _random_text(rng: np.random.Generator) -> str:
     return f"{WORDS[int(first)]} {WORDS[int(second)]}"
 
 
-def _make_text_card(rng: np.random.Generator, text: str) -> np.ndarray:
+def _make_text_card(rng: np.random.Generator, text: str) -> tuple[np.ndarray, tuple]:
     """Upright text on a plain card; the card grows if the text would not fit."""
     font = FONTS[int(rng.integers(len(FONTS)))]
     (unit_w, unit_h), _ = cv2.getTextSize(text, font, 1.0, 1)
-    scale = MIN_TEXT_HEIGHT / unit_h * float(rng.uniform(1.0, 2.0))
+    scale = MIN_TEXT_HEIGHT / unit_h * float(rng.uniform(1.0, 1.6))
     thickness = int(rng.integers(1, 3)) + (1 if scale * unit_h >= 28 else 0)
     (tw, th), baseline = cv2.getTextSize(text, font, scale, thickness)
     pad = TEXT_MARGIN + thickness  # strokes spill ~thickness px past the box
@@ -209,7 +215,7 @@ def _make_text_card(rng: np.random.Generator, text: str) -> np.ndarray:
     top = int(rng.integers(pad, height - pad - th - baseline + 1))
     ink = INK_COLORS[int(rng.integers(len(INK_COLORS)))]
     cv2.putText(card, text, (x, top + th), font, scale, ink, thickness, cv2.LINE_AA)
-    return card
+    return card, (text, font, scale, thickness, x, top + th)
 
 
 # --------------------------------------------------------------------------- questions
@@ -285,14 +291,40 @@ def make_sample(rng: np.random.Generator, task: str | None = None, lang: str | N
     kind, task = _pick_kind_and_task(rng, task)
     if kind == "text":
         text = _random_text(rng)
-        image, objects = _make_text_card(rng, text), ()
+        image, layout = _make_text_card(rng, text)
+        objects = ()
         question, answer = _text_qa(task, lang, text)
     else:
         n = int(rng.integers(2 if task == "position" else 1, 4))
         image, objects = _make_shapes(rng, n)
         question, answer = _shape_qa(rng, task, lang, objects)
+        layout = ()
     image.setflags(write=False)
-    return Sample(image, question, answer, task, lang, kind, objects)
+    return Sample(image, question, answer, task, lang, kind, objects, layout)
+
+
+def follow_ups(rng: np.random.Generator, sample: Sample, max_extra: int = 3) -> list[tuple[str, str]]:
+    """Up to ``max_extra`` more (question, answer) pairs about the same image, in random languages.
+
+    Training packs them after the sample's own question as a multi-turn chat: the encoder runs
+    once per image while the answers teach several times as much (and follow-up questions, which
+    the feature cache makes cheap when serving, are seen in training).
+    """
+    pairs: list[tuple[str, str]] = []
+    seen = {sample.question}
+    for _ in range(int(rng.integers(0, max_extra + 1))):
+        lang = "en" if rng.random() < 0.5 else "zh"
+        if sample.kind == "text":
+            task = TEXT_TASKS[int(rng.integers(len(TEXT_TASKS)))]
+            question, answer = _text_qa(task, lang, sample.layout[0])
+        else:
+            tasks = SHAPE_TASKS if len(sample.objects) >= 2 else ("describe", "color", "count")
+            task = tasks[int(rng.integers(len(tasks)))]
+            question, answer = _shape_qa(rng, task, lang, sample.objects)
+        if question not in seen:
+            seen.add(question)
+            pairs.append((question, answer))
+    return pairs
 
 
 def iter_samples(
@@ -304,6 +336,45 @@ def iter_samples(
         task = tasks[int(rng.integers(len(tasks)))] if tasks else None
         lang = langs[int(rng.integers(len(langs)))]
         yield make_sample(rng, task, lang)
+
+
+# --------------------------------------------------------------------------- dense labels (training aid)
+
+CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+# Classes of the three label maps; 0 is "nothing" in each.
+LABEL_CLASSES = (1 + len(SHAPES), 1 + len(COLORS), 1 + len(CHARS))
+
+
+def label_maps(sample: Sample) -> np.ndarray:
+    """Per-pixel classes of a sample, HxWx3 uint8: shape kind, shape colour, printed character.
+
+    Training uses them for an auxiliary loss on the vision tower's output tokens (what lies
+    under each token), so the encoder learns shapes and letters from every token of every
+    image instead of only from the few answer tokens that name them. Characters label their
+    whole glyph box. Uses no randomness: the sample fixes everything.
+    """
+    h, w = sample.image.shape[:2]
+    maps = np.zeros((h, w, 3), dtype=np.uint8)
+    names = list(COLORS)
+    for shape, color, cx, cy, r in sample.objects:
+        mask = np.zeros((h, w), dtype=np.uint8)
+        if shape == "circle":
+            cv2.circle(mask, (cx, cy), r, 1, thickness=-1)
+        else:
+            cv2.fillPoly(mask, [_shape_points(shape, cx, cy, r)], 1)
+        maps[mask > 0, 0] = 1 + SHAPES.index(shape)
+        maps[mask > 0, 1] = 1 + names.index(color)
+    if sample.layout:
+        text, font, scale, thickness, x, baseline = sample.layout
+        (_, th), _ = cv2.getTextSize(text, font, scale, thickness)
+        top, bottom = max(0, baseline - th - thickness), min(h, baseline + thickness + 1)
+        for i, ch in enumerate(text):
+            if ch == " ":
+                continue
+            x0 = x + cv2.getTextSize(text[:i], font, scale, thickness)[0][0] if i else x
+            x1 = x + cv2.getTextSize(text[:i + 1], font, scale, thickness)[0][0]
+            maps[top:bottom, max(0, x0):min(w, x1), 2] = 1 + CHARS.index(ch)
+    return maps
 
 
 def encode_png(image: np.ndarray) -> bytes:

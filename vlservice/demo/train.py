@@ -5,6 +5,10 @@
 `vlservice.demo.data` samples preprocessed by the serving path itself (`vlservice.images`, so
 training and serving see identical pixels), and saves a normal checkpoint (safetensors,
 tokenizer, chat template, preprocessor config) that the server loads like the real model.
+Two training aids speed it up (README: The bundled demo model): a per-token loss on the vision
+encoder's output (a linear probe, not saved, predicts the shape, colour and character under each
+token from `data.label_maps`), and follow-up questions about the same image packed as later chat
+turns. `--init` continues a checkpoint, `--focus` draws half the samples from the weak tasks.
 A loss curve is written as a PNG beside it. Same seed, same data, same initial weights.
 """
 
@@ -19,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import PROMPTS, iter_samples, make_sample
+from .data import PROMPTS, TASKS, follow_ups, iter_samples, make_sample
 
 log = logging.getLogger("vlservice.demo")
 
@@ -42,42 +46,95 @@ def corpus_texts(seed: int = 12345, n: int = 4000) -> list[str]:
     return sorted(texts)
 
 
+def token_targets(sample, size: tuple[int, int], block: int) -> np.ndarray:
+    """What lies under each vision output token: per-class pixel shares of the three label maps.
+
+    ``size`` is the resized (h, w) the serving path feeds the encoder and ``block`` the pixels a
+    merged token covers (patch_size * merge_size); rows follow the encoder's token order.
+    """
+    import cv2
+
+    from .data import LABEL_CLASSES, label_maps
+
+    h, w = size
+    maps = cv2.resize(label_maps(sample), (w, h), interpolation=cv2.INTER_NEAREST)
+    rows, cols = np.arange(h) // block, np.arange(w) // block
+    token = (rows[:, None] * (w // block) + cols[None, :]).ravel()  # raster order of merged tokens
+    n = (h // block) * (w // block)
+    parts = []
+    for channel, classes in enumerate(LABEL_CLASSES):
+        counts = np.bincount(token * classes + maps[..., channel].ravel(), minlength=n * classes)
+        parts.append(counts.reshape(n, classes).astype(np.float32) / (block * block))
+    return np.concatenate(parts, axis=1)
+
+
+def aux_loss(logits, targets):
+    """Soft cross-entropy per label map, averaged over tokens and maps."""
+    import torch
+
+    from .data import LABEL_CLASSES
+
+    total, start = 0.0, 0
+    for classes in LABEL_CLASSES:
+        part = slice(start, start + classes)
+        total = total - (targets[:, part] * torch.log_softmax(logits[:, part], dim=-1)).sum(-1).mean()
+        start += classes
+    return total / len(LABEL_CLASSES)
+
+
 class Batcher:
     """Samples to padded model inputs, through the same preprocessing as serving."""
 
-    def __init__(self, tokenizer, spec, image_token_id: int):
+    def __init__(self, tokenizer, spec, image_token_id: int, targets: bool = False):
         self.tok, self.spec, self.image_token_id = tokenizer, spec, image_token_id
         self.pad = tokenizer.pad_token_id
+        self.targets = targets
 
-    def encode(self, sample):
+    def encode(self, sample, extra=()):
+        """Token ids and labels (-100 outside the answers) of a chat about one image: the sample's
+        question and answer, then each (question, answer) of ``extra`` as a further turn."""
         from .. import images as I
         from ..generate import build_prompt
 
         p = I.prepare(sample.image, self.spec)
-        chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": sample.question}]}]
-        prompt = build_prompt(self.tok, chat, [p.num_tokens], [p.grid_thw])
-        answer = self.tok(sample.answer + "<|im_end|>", add_special_tokens=False)["input_ids"]
-        return prompt.input_ids, answer, p
+        chat: list[dict] = []
+        ids: list[int] = []
+        labels: list[int] = []
+        for k, (question, answer) in enumerate([(sample.question, sample.answer), *extra]):
+            content = [{"type": "image"}] if k == 0 else []
+            chat.append({"role": "user", "content": content + [{"type": "text", "text": question}]})
+            prompt = build_prompt(self.tok, chat, [p.num_tokens], [p.grid_thw]).input_ids
+            if prompt[:len(ids)] != ids:  # the template re-tokenised an earlier turn: stop here
+                break
+            reply = self.tok(answer + "<|im_end|>", add_special_tokens=False)["input_ids"]
+            labels += [-100] * (len(prompt) - len(ids)) + reply
+            ids = prompt + reply
+            chat.append({"role": "assistant", "content": answer})
+        return ids, labels, p
 
-    def __call__(self, samples):
+    def __call__(self, samples, extras=None):
         import torch
 
-        rows = [self.encode(s) for s in samples]
-        length = max(len(a) + len(b) for a, b, _ in rows)
+        rows = [self.encode(s, e) for s, e in zip(samples, extras or [()] * len(samples))]
+        length = max(len(seq) for seq, _, _ in rows)
         ids = torch.full((len(rows), length), self.pad, dtype=torch.long)
         labels = torch.full((len(rows), length), -100, dtype=torch.long)
         mask = torch.zeros((len(rows), length), dtype=torch.long)
-        for i, (prompt, answer, _) in enumerate(rows):
-            seq = prompt + answer
+        for i, (seq, target, _) in enumerate(rows):
             ids[i, :len(seq)] = torch.tensor(seq)
-            labels[i, len(prompt):len(seq)] = torch.tensor(answer)
+            labels[i, :len(seq)] = torch.tensor(target)
             mask[i, :len(seq)] = 1
-        return {
+        batch = {
             "input_ids": ids, "attention_mask": mask, "labels": labels,
             "mm_token_type_ids": (ids == self.image_token_id).int(),
             "pixel_values": torch.from_numpy(np.concatenate([p.pixel_values for _, _, p in rows])),
             "image_grid_thw": torch.tensor([list(p.grid_thw) for _, _, p in rows]),
         }
+        if self.targets:
+            block = self.spec.patch_size * self.spec.merge_size
+            batch["token_targets"] = torch.from_numpy(
+                np.concatenate([token_targets(s, p.size, block) for s, (_, _, p) in zip(samples, rows)]))
+        return batch
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int = 100) -> float:
@@ -109,7 +166,7 @@ def plot_loss(losses: list[float], path: Path) -> None:
 
 
 def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads: int, init: Path | None = None,
-          warmup: int = 100) -> dict:
+          warmup: int = 100, aux_weight: float = 1.0, extra_turns: int = 3, focus: tuple[str, ...] = ()) -> dict:
     import torch
     from tqdm import tqdm
     from transformers import Qwen3VLForConditionalGeneration
@@ -133,34 +190,53 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
     pre = preprocessor_config(real_architecture())
     pre.update(DEMO_PREPROCESSOR)
     spec = I.ImageSpec.from_preprocessor_config(pre)
-    batcher = Batcher(tok, spec, ids["image_token_id"])
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    batcher = Batcher(tok, spec, ids["image_token_id"], targets=aux_weight > 0)
+    # Training aid, not part of the checkpoint: a linear probe on the encoder's output tokens
+    # predicts what lies under each token (shape, colour, character), read through a hook.
+    from .data import LABEL_CLASSES
+
+    probe = torch.nn.Linear(config.vision_config.out_hidden_size, sum(LABEL_CLASSES))
+    tokens = {}
+    model.model.visual.merger.register_forward_hook(lambda _m, _i, out: tokens.__setitem__("out", out))
+    params = list(model.named_parameters()) + [("probe." + n, p) for n, p in probe.named_parameters()]
+    decay = [p for n, p in params if p.ndim >= 2]
+    no_decay = [p for n, p in params if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.98))
     rng = np.random.default_rng(seed)
-    losses, t0 = [], time.time()
+    losses, token_losses, t0 = [], [], time.time()
     bar = tqdm(range(steps), desc="train-demo", unit="step")
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup)
-        batch = batcher([make_sample(rng) for _ in range(batch_size)])
-        loss = model(**batch).loss
+        # with `focus`, half the samples ask one of those tasks (the rest follow the usual mix)
+        samples = [make_sample(rng, focus[int(rng.integers(len(focus)))] if focus and rng.random() < 0.5 else None)
+                   for _ in range(batch_size)]
+        batch = batcher(samples, [follow_ups(rng, s, extra_turns) for s in samples])
+        targets = batch.pop("token_targets", None)
+        loss = answer_loss = model(**batch).loss
+        if targets is not None:
+            token_loss = aux_loss(probe(tokens["out"]), targets)
+            loss = loss + aux_weight * token_loss
+            token_losses.append(token_loss.item())
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_([p for _, p in params], 1.0)
         opt.step()
-        losses.append(float(loss))
+        losses.append(answer_loss.item())
         if step % 10 == 0:
-            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}")
+            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}",
+                            **({"token_loss": f"{np.mean(token_losses[-50:]):.3f}"} if token_losses else {}))
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
     make_model(out, DEMO_SIZES, vocab_limit=VOCAB_LIMIT, keep_texts=texts, model=model,
                preprocessor=DEMO_PREPROCESSOR)
     previous = json.loads((init / "training.json").read_text()) if init and (init / "training.json").is_file() else None
-    info = {"steps": steps, "seed": seed, "batch_size": batch_size, "lr": lr, "minutes": (time.time() - t0) / 60,
+    info = {"steps": steps, "seed": seed, "batch_size": batch_size, "lr": lr, "warmup": warmup,
+            "aux_weight": aux_weight, "extra_turns": extra_turns, "focus": list(focus), "minutes": (time.time() - t0) / 60,
             "continued_from": previous,
-            "final_loss": float(np.mean(losses[-100:])), "params": sum(p.numel() for p in model.parameters())}
+            "first_loss": float(np.mean(losses[:5])), "final_loss": float(np.mean(losses[-100:])),
+            "final_token_loss": float(np.mean(token_losses[-100:])) if token_losses else None, "params": sum(p.numel() for p in model.parameters())}
     (out / "training.json").write_text(json.dumps(info, indent=2))
     plot_loss(losses, out / "loss.png")
     return info
@@ -171,18 +247,24 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m vlservice train-demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=bundled_demo_path())
-    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--steps", type=int, default=6500)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--init", type=Path, default=None, help="continue training this checkpoint")
-    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--warmup", type=int, default=150)
+    ap.add_argument("--aux-weight", type=float, default=1.0,
+                    help="weight of the per-token shape/colour/character loss on the encoder's output (0: off)")
+    ap.add_argument("--extra-turns", type=int, default=2,
+                    help="at most this many further questions about each training image, as later chat turns")
+    ap.add_argument("--focus", nargs="*", default=[], choices=TASKS,
+                    help="draw half the samples from these tasks (for a continuation on the weak ones)")
     args = ap.parse_args(argv)
     from ..config import _physical_cores
 
     info = train(args.out, args.steps, args.seed, args.batch_size, args.lr, args.threads or _physical_cores(),
-                 args.init, args.warmup)
+                 args.init, args.warmup, args.aux_weight, args.extra_turns, tuple(args.focus))
     print(json.dumps(info, indent=2))
     return 0
 

@@ -1,0 +1,79 @@
+"""`train-demo` itself: a short real run makes a checkpoint the server loads, reproducibly from its seed,
+with the per-token training aid left out of the checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from vlservice.demo.train import train
+
+    root = tmp_path_factory.mktemp("train")
+    a = train(root / "a", steps=40, seed=5, batch_size=4, lr=3e-3, threads=2, warmup=5)
+    b = train(root / "b", steps=40, seed=5, batch_size=4, lr=3e-3, threads=2, warmup=5)
+    return root, a, b
+
+
+@pytest.mark.slow
+def test_training_learns_and_is_reproducible(runs):
+    root, a, b = runs
+    assert a["aux_weight"] > 0 and a["final_token_loss"] is not None
+    assert a["first_loss"] - a["final_loss"] > 1.0  # the answer loss falls (final: mean of all 40 steps)
+    wa, wb = load_file(str(root / "a" / "model.safetensors")), load_file(str(root / "b" / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    assert all(np.array_equal(wa[k], wb[k]) for k in wa)  # same seed, same weights
+    assert not any("probe" in k for k in wa)  # the training aid is not part of the model
+    assert (root / "a" / "loss.png").stat().st_size > 1000
+    saved = json.loads((root / "a" / "training.json").read_text())
+    assert saved["steps"] == 40 and saved["seed"] == 5
+
+
+@pytest.mark.slow
+def test_trained_checkpoint_serves(runs, tmp_path):
+    from vlservice.config import Settings
+    from vlservice.demo.data import encode_png, make_sample
+    from vlservice.generate import Sampling
+    from vlservice.service import ChatRequest, ImageInput, Message, load_service
+
+    root, _, _ = runs
+    svc = load_service(Settings(model=str(root / "a"), cache_dir=str(tmp_path), threads=2, disk_cache_mb=0))
+    s = make_sample(np.random.default_rng(0), task="count", lang="en")
+    out = svc.chat(ChatRequest([Message("user", [ImageInput(encode_png(s.image)), s.question])],
+                               Sampling(max_tokens=8)))
+    assert out["usage"]["completion_tokens"] >= 1 and isinstance(out["text"], str)
+
+
+def test_batches_pack_follow_up_turns_and_label_only_the_answers():
+    from transformers import AutoTokenizer
+
+    from vlservice import images as I
+    from vlservice.demo.data import follow_ups, make_sample
+    from vlservice.demo.train import DEMO_PREPROCESSOR, Batcher
+    from vlservice.models import bundled_demo_path, preprocessor_config, real_architecture
+
+    tok = AutoTokenizer.from_pretrained(str(bundled_demo_path()))
+    pre = preprocessor_config(real_architecture())
+    pre.update(DEMO_PREPROCESSOR)
+    spec = I.ImageSpec.from_preprocessor_config(pre)
+    image_id = tok.convert_tokens_to_ids("<|image_pad|>")
+    batcher = Batcher(tok, spec, image_id, targets=True)
+    rng = np.random.default_rng(4)
+    samples = [make_sample(rng) for _ in range(8)]
+    extras = [follow_ups(rng, s, 3) for s in samples]
+    assert any(extras)
+    batch = batcher(samples, extras)
+    for i, (s, extra) in enumerate(zip(samples, extras)):
+        ids, labels = batch["input_ids"][i], batch["labels"][i]
+        answers = [a for _, a in [(s.question, s.answer), *extra]]
+        assert tok.decode(labels[labels != -100]) == "".join(a + "<|im_end|>" for a in answers)
+        text = tok.decode(ids[batch["attention_mask"][i] == 1])
+        assert text.count("<|im_start|>user") == len(answers) == text.count("<|im_start|>assistant")
+        assert text.count("<|vision_start|>") == 1  # one image, asked about several times
+    n_image = int((batch["input_ids"] == image_id).sum())
+    assert n_image == int(batch["image_grid_thw"].prod(dim=1).sum()) // 4 == batch["token_targets"].shape[0]
