@@ -38,7 +38,7 @@ def test_demo_model_sees_and_every_vision_path_agrees(evaluation):
     print(json.dumps(acc, indent=1))
     torch_acc = acc["torch"]
     # about ten points under the README's n=500 numbers: a worse model or a broken path fails here
-    floors = {"describe": 0.8, "color": 0.85, "count": 0.9, "position": 0.9, "ocr": 0.7, "ocr_short": 0.6}
+    floors = {"describe": 0.8, "color": 0.85, "count": 0.9, "position": 0.9, "ocr": 0.75, "ocr_short": 0.65}
     for task, floor in floors.items():
         assert torch_acc[task] >= floor, (task, torch_acc[task])
     assert evaluation["fp32_equals_torch"] == 1.0  # onnx-fp32 gives PyTorch's answer on every image
@@ -50,17 +50,11 @@ def test_demo_model_sees_and_every_vision_path_agrees(evaluation):
 
 
 @pytest.mark.slow
-def test_accuracy_targets_colour_count_position(readme_evaluation):
+def test_accuracy_targets(readme_evaluation):
     torch_acc = readme_evaluation["accuracy"]["torch"]
-    for task in ("color", "count", "position"):
+    for task in ("color", "count", "position", "describe"):  # colour, shape and count questions
         assert torch_acc[task] >= 0.90, (task, torch_acc[task])
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(reason="reading text of up to six characters is below the 80% target: random 5-6 digit numbers "
-                          "are mostly misread (README: The bundled demo model)", strict=True)
-def test_accuracy_target_reading_short_text(readme_evaluation):
-    assert readme_evaluation["accuracy"]["torch"]["ocr_short"] >= 0.80
+    assert torch_acc["ocr_short"] >= 0.80, torch_acc["ocr_short"]  # reading text of up to six characters
 
 
 def red_circle() -> np.ndarray:
