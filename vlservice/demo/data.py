@@ -368,12 +368,12 @@ def label_maps(sample: Sample) -> np.ndarray:
         text, font, scale, thickness, x, baseline = sample.layout
         (_, th), _ = cv2.getTextSize(text, font, scale, thickness)
         top, bottom = max(0, baseline - th - thickness), min(h, baseline + thickness + 1)
+        x0 = x
         for i, ch in enumerate(text):
-            if ch == " ":
-                continue
-            x0 = x + cv2.getTextSize(text[:i], font, scale, thickness)[0][0] if i else x
-            x1 = x + cv2.getTextSize(text[:i + 1], font, scale, thickness)[0][0]
-            maps[top:bottom, max(0, x0):min(w, x1), 2] = 1 + CHARS.index(ch)
+            x1 = x + cv2.getTextSize(text[:i + 1], font, scale, thickness)[0][0]  # Hershey: no kerning
+            if ch != " ":
+                maps[top:bottom, max(0, x0):min(w, x1), 2] = 1 + CHARS.index(ch)
+            x0 = x1
     return maps
 
 

@@ -166,7 +166,7 @@ def plot_loss(losses: list[float], path: Path) -> None:
 
 
 def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads: int, init: Path | None = None,
-          warmup: int = 100, aux_weight: float = 1.0, extra_turns: int = 3, focus: tuple[str, ...] = ()) -> dict:
+          warmup: int = 100, aux_weight: float = 1.0, extra_turns: int = 2, focus: tuple[str, ...] = ()) -> dict:
     import torch
     from tqdm import tqdm
     from transformers import Qwen3VLForConditionalGeneration
