@@ -24,7 +24,7 @@ ARTIFACTS = ROOT / "artifacts"
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    from vlservice.models import make_model
+    from vlservice.tools.checkpoints import make_model
 
     return make_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
 
@@ -49,7 +49,7 @@ def settings_for(cache_dir, tiny_model_dir):
 @pytest.fixture(scope="session")
 def service_for(settings_for):
     """Services by vision backend, built once each for the session."""
-    from vlservice.service import load_service
+    from vlservice.engine.service import load_service
 
     made = {}
 

@@ -66,7 +66,7 @@ def test_placeholder_command_not_in_this_build_or_dispatched(cli_env):
     import importlib.util
 
     r = run_cli(cli_env, "soak", "--whatever", "x")
-    if importlib.util.find_spec("vlservice.soak") is None:
+    if importlib.util.find_spec("vlservice.tools.soak") is None:
         assert r.returncode == 2
         assert "not available in this build" in r.stderr
     else:  # provided by now: the arguments reached it (its own parser may refuse them)
@@ -172,10 +172,10 @@ def test_chat_non_image_exits_2(cli_env, tmp_path):
 
 @pytest.mark.server
 def test_memory_command_reports_each_gunicorn_process(cli_env, tmp_path):
-    """`python -m vlservice.memory` starts Gunicorn as users do and reads every process's memory."""
+    """`python -m vlservice.tools.memory` starts Gunicorn as users do and reads every process's memory."""
     out = tmp_path / "mem.json"
     env = {**cli_env, "VL_WARMUP": "0", "VL_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "vlservice.memory", "--workers", "1", "--json", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "vlservice.tools.memory", "--workers", "1", "--json", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())

@@ -8,21 +8,7 @@ import cv2
 import numpy as np
 import pytest
 
-from vlservice.demo.data import (
-    CHARS,
-    COLORS,
-    LABEL_CLASSES,
-    PROMPTS,
-    SHAPES,
-    TASKS,
-    TEXT_MARGIN,
-    Sample,
-    encode_png,
-    follow_ups,
-    iter_samples,
-    label_maps,
-    make_sample,
-)
+from vlservice.demo.data import CHARS, COLORS, LABEL_CLASSES, PROMPTS, SHAPES, TASKS, TEXT_MARGIN, Sample, encode_png, follow_ups, iter_samples, label_maps, make_sample
 
 COLORS_ZH = {"red": "红色", "green": "绿色", "blue": "蓝色", "yellow": "黄色",
              "purple": "紫色", "orange": "橙色", "black": "黑色", "white": "白色"}
@@ -265,7 +251,7 @@ def test_label_maps_mark_what_is_drawn(samples):
 
 
 def test_token_targets_follow_the_encoder_token_order():
-    from vlservice import images as I
+    from vlservice.engine import images as I
     from vlservice.demo.train import token_targets
 
     spec = I.ImageSpec()

@@ -17,7 +17,7 @@ N_HELD_OUT = 160
 @pytest.fixture(scope="module")
 def evaluation(tmp_path_factory):
     from vlservice.demo.evaluate import run
-    from vlservice.models import bundled_demo_path
+    from vlservice.engine.checkpoints import bundled_demo_path
 
     return run(bundled_demo_path(), N_HELD_OUT, seed=999, cache_dir=tmp_path_factory.mktemp("eval"), threads=2)
 
@@ -26,7 +26,7 @@ def evaluation(tmp_path_factory):
 def readme_evaluation(tmp_path_factory):
     """The README table's held-out set (n=500, seed 999), PyTorch vision path only (about 30 s)."""
     from vlservice.demo.evaluate import run
-    from vlservice.models import bundled_demo_path
+    from vlservice.engine.checkpoints import bundled_demo_path
 
     return run(bundled_demo_path(), 500, seed=999, cache_dir=tmp_path_factory.mktemp("eval500"), threads=2,
                backends=("torch",))

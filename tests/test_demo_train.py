@@ -38,8 +38,9 @@ def test_training_learns_and_is_reproducible(runs):
 def test_trained_checkpoint_serves(runs, tmp_path):
     from vlservice.config import Settings
     from vlservice.demo.data import encode_png, make_sample
-    from vlservice.generate import Sampling
-    from vlservice.service import ChatRequest, ImageInput, Message, load_service
+    from vlservice.engine.types import Sampling
+    from vlservice.engine.types import ChatRequest, ImageInput, Message
+    from vlservice.engine.service import load_service
 
     root, _, _ = runs
     svc = load_service(Settings(model=str(root / "a"), cache_dir=str(tmp_path), threads=2, disk_cache_mb=0))
@@ -52,10 +53,11 @@ def test_trained_checkpoint_serves(runs, tmp_path):
 def test_batches_pack_follow_up_turns_and_label_only_the_answers():
     from transformers import AutoTokenizer
 
-    from vlservice import images as I
+    from vlservice.engine import images as I
     from vlservice.demo.data import follow_ups, make_sample
     from vlservice.demo.train import DEMO_PREPROCESSOR, Batcher
-    from vlservice.models import bundled_demo_path, preprocessor_config, real_architecture
+    from vlservice.engine.checkpoints import bundled_demo_path
+    from vlservice.tools.checkpoints import preprocessor_config, real_architecture
 
     tok = AutoTokenizer.from_pretrained(str(bundled_demo_path()))
     pre = preprocessor_config(real_architecture())

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from vlservice.errors import Busy, ContextLengthExceeded, InvalidImage, InvalidRequest
-from vlservice.generate import Sampling
-from vlservice.service import ChatRequest, ImageInput, Message
+from vlservice.engine.types import Sampling
+from vlservice.engine.types import ChatRequest, ImageInput, Message
 
 from conftest import png_bytes, scene
 
@@ -63,7 +63,7 @@ def test_answers_depend_on_the_image(service_for):
 
 
 def test_onnx_fp32_matches_torch_and_int8_keeps_cosine(service_for):
-    from vlservice import images as I
+    from vlservice.engine import images as I
 
     torch_enc = service_for("torch").encoder
     fp32 = service_for("onnx-fp32").encoder
@@ -85,7 +85,7 @@ def test_onnx_files_are_cached_by_fingerprint(service_for, cache_dir):
     folder = cache_dir / "onnx" / svc.model_fp  # one folder per checkpoint and recipe, reused
     assert (folder / "fp32" / "model.onnx").is_file() and (folder / "int8" / "model.onnx").is_file()
     assert len([f for f in (cache_dir / "onnx").iterdir() if f.name == svc.model_fp]) == 1
-    from vlservice.vision import ensure_onnx
+    from vlservice.engine.vision import ensure_onnx
 
     _, stats = ensure_onnx(svc.source.path, svc.model.model.visual, cache_dir, "onnx-int8")
     assert stats["fingerprint"] == svc.model_fp and stats["export_s"] == 0 and stats["quantize_s"] == 0
@@ -110,8 +110,8 @@ def test_feature_cache_hit_skips_the_encoder(service_for):
 
 
 def test_disk_cache_survives_restart_and_drops_corrupt_entries(tmp_path):
-    from vlservice.cache import FeatureCache
-    from vlservice.vision import VisionFeatures
+    from vlservice.engine.caches import FeatureCache
+    from vlservice.engine.vision import VisionFeatures
 
     feats = VisionFeatures(np.ones((4, 8), np.float32), [np.zeros((4, 8), np.float32)] * 3)
     a = FeatureCache(1 << 20, tmp_path, 1 << 20)
@@ -126,8 +126,8 @@ def test_disk_cache_survives_restart_and_drops_corrupt_entries(tmp_path):
 
 
 def test_memory_cache_is_bounded_in_bytes():
-    from vlservice.cache import FeatureCache
-    from vlservice.vision import VisionFeatures
+    from vlservice.engine.caches import FeatureCache
+    from vlservice.engine.vision import VisionFeatures
 
     cache = FeatureCache(3 * 4 * 8 * 4 * 2)  # room for three entries of (embeds + one deepstack)
     for i in range(5):
@@ -145,7 +145,7 @@ def test_multi_turn_and_two_images(service_for):
     r = ask(svc, "And the colors?", role_history=history)
     assert r["usage"]["completion_tokens"] >= 1 and r["timings"]["image_tokens"] > 0
     r2 = ask(svc, ImageInput(a), ImageInput(b), "Compare them.")
-    from vlservice import images as I
+    from vlservice.engine import images as I
 
     expected = sum(I.prepare(I.decode(x), svc.spec, svc.settings.detail_auto_pixels).num_tokens for x in (a, b))
     assert r2["timings"]["image_tokens"] == expected
@@ -202,7 +202,7 @@ def test_cancel_stops_within_a_token_and_frees_the_lock(service_for):
 
 
 def test_busy_when_the_queue_is_full(settings_for):
-    from vlservice.service import load_service
+    from vlservice.engine.service import load_service
 
     svc = load_service(settings_for(vision_backend="onnx-int8", queue_size=1, warmup=False, disk_cache_mb=0))
     long = lambda: ChatRequest([Message("user", ["Hello"])], Sampling(max_tokens=400, min_tokens=400))
@@ -217,7 +217,7 @@ def test_busy_when_the_queue_is_full(settings_for):
 
 
 def test_priority_interactive_goes_first(settings_for):
-    from vlservice.service import load_service
+    from vlservice.engine.service import load_service
 
     svc = load_service(settings_for(vision_backend="onnx-int8", queue_size=4, warmup=False, disk_cache_mb=0))
     order = []
@@ -259,7 +259,7 @@ def test_timings_report_every_stage(service_for):
 
 
 def test_follow_up_reuses_the_kv_cache_and_answers_identically(service_for, settings_for):
-    from vlservice.service import load_service
+    from vlservice.engine.service import load_service
 
     svc = service_for("onnx-int8")
     plain = load_service(settings_for(vision_backend="onnx-int8", kv_cache_mb=0, result_cache_entries=0,
@@ -297,7 +297,7 @@ def test_identical_request_prefills_one_token_and_result_cache(service_for):
 
 
 def test_prefix_cache_is_bounded_and_never_ends_inside_an_image():
-    from vlservice.kvcache import PrefixCache, shared_prefix
+    from vlservice.engine.caches.prefix import PrefixCache, shared_prefix
 
     a = np.array([1, 2, 9, 9, 9, 3, 4])
     imgs_a = [(2, 5, "x")]
@@ -312,7 +312,7 @@ def test_prefix_cache_is_bounded_and_never_ends_inside_an_image():
 def test_llm_int8_is_opt_in_and_answers(settings_for):
     from torch.ao.nn.quantized.dynamic import Linear as QLinear
 
-    from vlservice.service import load_service
+    from vlservice.engine.service import load_service
 
     svc = load_service(settings_for(vision_backend="onnx-int8", llm_quant="int8", warmup=False, disk_cache_mb=0))
     quantised = [m for m in svc.model.modules() if isinstance(m, QLinear)]
@@ -329,8 +329,8 @@ def test_llm_int8_is_stored_once_and_loaded_without_float_linears(settings_for, 
     from torch.ao.nn.quantized.dynamic import Linear as QLinear
     from transformers import Qwen3VLForConditionalGeneration
 
-    from vlservice.quant import int8_path, quantize_llm_int8
-    from vlservice.service import load_service
+    from vlservice.engine.quant import int8_path, quantize_llm_int8
+    from vlservice.engine.service import load_service
 
     settings = settings_for(vision_backend="onnx-int8", llm_quant="int8", warmup=False, disk_cache_mb=0)
     first = load_service(settings, start=False)
@@ -356,7 +356,7 @@ def test_llm_int8_is_stored_once_and_loaded_without_float_linears(settings_for, 
 
 
 def test_compare_command_reports_agreement_and_speed(tmp_path, tiny_model_dir, cache_dir, monkeypatch):
-    from vlservice import compare
+    from vlservice.tools import compare
 
     (tmp_path / "imgs").mkdir()
     for i in range(2):
@@ -374,7 +374,7 @@ def test_compare_command_reports_agreement_and_speed(tmp_path, tiny_model_dir, c
 
 def test_idle_service_hands_freed_heap_back(service_for):
     """After a request the worker calls glibc's malloc_trim (VL_MALLOC_TRIM)."""
-    from vlservice.service import malloc_trim
+    from vlservice.engine.lock import malloc_trim
 
     assert malloc_trim() is True  # glibc is there on every Linux we support
     svc = service_for()

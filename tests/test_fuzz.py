@@ -103,7 +103,7 @@ def test_openapi_document_is_valid_openapi_31(api_key):
     from schemathesis.specs.openapi.definitions import OPENAPI_31_VALIDATOR
 
     from vlservice.config import Settings
-    from vlservice.openapi import spec
+    from vlservice.http.openapi import spec
 
     settings = Settings(api_key=api_key, max_tokens_cap=300)
     doc = spec(SimpleNamespace(extensions={"vlservice": SimpleNamespace(settings=settings)}))
@@ -118,7 +118,7 @@ def test_openapi_document_is_valid_openapi_31(api_key):
     props = doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]
     assert props["max_tokens"]["maximum"] == props["max_completion_tokens"]["maximum"] == 300
     # the example request is a valid chat request with a real PNG
-    from vlservice.images import probe
+    from vlservice.engine.images import probe
     from vlservice.protocol import parse_chat
 
     example = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"][

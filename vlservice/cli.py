@@ -26,7 +26,7 @@ import os
 import sys
 from pathlib import Path
 
-log = logging.getLogger("vlservice.cli")
+log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -35,11 +35,11 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 # Commands implemented elsewhere: name -> (module, help). Imported only when run.
 PASSTHROUGH = {
-    "bench": ("vlservice.bench", "benchmark the service (arguments go to vlservice.bench)"),
+    "bench": ("vlservice.tools.bench", "benchmark the service (arguments go to vlservice.tools.bench)"),
     "train-demo": ("vlservice.demo.train", "train the bundled demo model (arguments go to vlservice.demo.train)"),
     "eval-demo": ("vlservice.demo.evaluate", "evaluate the demo model (arguments go to vlservice.demo.evaluate)"),
-    "compare": ("vlservice.compare", "compare vision backends (arguments go to vlservice.compare)"),
-    "soak": ("vlservice.soak", "long-running load test (arguments go to vlservice.soak)"),
+    "compare": ("vlservice.tools.compare", "compare vision backends (arguments go to vlservice.tools.compare)"),
+    "soak": ("vlservice.tools.soak", "long-running load test (arguments go to vlservice.tools.soak)"),
 }
 
 EXPORT_BACKENDS = ("onnx-int8", "onnx-fp32")
@@ -140,7 +140,7 @@ def _size(n: int) -> str:
 # --------------------------------------------------------------------------- make-test-model
 
 def cmd_make_test_model(args) -> int:
-    from .models import REAL, TINY, make_model
+    from .tools.checkpoints import REAL, TINY, make_model
 
     if args.vocab_limit is not None and args.vocab_limit < 1:
         raise CLIError(f"--vocab-limit must be >= 1, got {args.vocab_limit}")
@@ -154,7 +154,7 @@ def cmd_make_test_model(args) -> int:
 
 def export_files(service, backends) -> list:
     """[(backend, path, stats)] for each backend, exported/quantised if not there yet."""
-    from .vision import ensure_onnx
+    from .engine.vision import ensure_onnx
 
     out = []
     for backend in backends:
@@ -165,7 +165,7 @@ def export_files(service, backends) -> list:
 
 
 def cmd_export(args) -> int:
-    from .service import VLModelService
+    from .engine.service import VLModelService
 
     settings = _settings()
     if args.backend == "all":
@@ -193,7 +193,7 @@ def cmd_export(args) -> int:
 # --------------------------------------------------------------------------- chat
 
 def build_request(args, service):
-    from .service import ChatRequest, ImageInput, Message, Sampling
+    from .engine.types import ChatRequest, ImageInput, Message, Sampling
 
     images = [ImageInput(read_image(p), detail=args.detail, param=f"--image {p}") for p in args.image]
     messages = []
@@ -259,7 +259,7 @@ def run_chat(service, request, stream_to=None) -> dict:
 
 def cmd_chat(args) -> int:
     from .errors import APIError
-    from .service import load_service
+    from .engine.service import load_service
 
     for p in args.image:  # fail fast on a bad path, before the model loads
         if p != "-" and not Path(p).expanduser().is_file():

@@ -16,9 +16,9 @@ import re
 
 from .config import Settings
 from .errors import APIError, InvalidImage, InvalidRequest
-from .generate import Sampling
-from .images import probe
-from .service import ChatRequest, ImageInput, Message
+from .engine.types import Sampling
+from .engine.images import probe
+from .engine.types import ChatRequest, ImageInput, Message
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 DETAILS = ("low", "auto", "high")

@@ -38,8 +38,9 @@ def normalise(text: str) -> str:
 def run(model_dir: Path, n: int, seed: int, cache_dir: Path, threads: int = 0, backends=BACKENDS,
         llm_int8: bool = False) -> dict:
     from ..config import Settings
-    from ..generate import Sampling
-    from ..service import ChatRequest, ImageInput, Message, load_service
+    from ..engine.types import Sampling
+    from ..engine.types import ChatRequest, ImageInput, Message
+    from ..engine.service import load_service
 
     samples = list(iter_samples(seed, n))
     answers: dict[str, list[str]] = {}
@@ -97,7 +98,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from ..models import bundled_demo_path
+    from ..engine.checkpoints import bundled_demo_path
 
     ap = argparse.ArgumentParser(prog="python -m vlservice eval-demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=bundled_demo_path())

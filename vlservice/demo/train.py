@@ -2,7 +2,7 @@
 
 `python -m vlservice train-demo [--out DIR] [--steps N] [--seed S]` builds the real
 `Qwen3VLForConditionalGeneration` at a tiny size with a small closed Qwen vocabulary, trains it on
-`vlservice.demo.data` samples preprocessed by the serving path itself (`vlservice.images`, so
+`vlservice.demo.data` samples preprocessed by the serving path itself (`vlservice.engine.images`, so
 training and serving see identical pixels), and saves a normal checkpoint (safetensors,
 tokenizer, chat template, preprocessor config) that the server loads like the real model.
 Two training aids speed it up (README: The bundled demo model): a per-token loss on the vision
@@ -25,7 +25,7 @@ import numpy as np
 
 from .data import PROMPTS, TASKS, follow_ups, iter_samples, make_sample
 
-log = logging.getLogger("vlservice.demo")
+log = logging.getLogger(__name__)
 
 DEMO_SIZES = {
     "text": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
@@ -93,8 +93,8 @@ class Batcher:
     def encode(self, sample, extra=()):
         """Token ids and labels (-100 outside the answers) of a chat about one image: the sample's
         question and answer, then each (question, answer) of ``extra`` as a further turn."""
-        from .. import images as I
-        from ..generate import build_prompt
+        from ..engine import images as I
+        from ..engine.prompt import build_prompt
 
         p = I.prepare(sample.image, self.spec)
         chat: list[dict] = []
@@ -171,9 +171,9 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
     from tqdm import tqdm
     from transformers import Qwen3VLForConditionalGeneration
 
-    from .. import images as I
-    from ..models import make_config, make_model, preprocessor_config, real_architecture, token_ids
-    from ..tokenizer import build_tokenizer
+    from ..engine import images as I
+    from ..tools.checkpoints import make_config, make_model, preprocessor_config, real_architecture, token_ids
+    from ..tools.tokenizer import build_tokenizer
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
@@ -243,7 +243,7 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
 
 
 def main(argv=None) -> int:
-    from ..models import bundled_demo_path
+    from ..engine.checkpoints import bundled_demo_path
 
     ap = argparse.ArgumentParser(prog="python -m vlservice train-demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=bundled_demo_path())

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, current_app, render_template
 
-from .errors import NotReady
+from .context import current
+from ..errors import NotReady
 
 bp = Blueprint("web", __name__)
-
-
-def _ctx():
-    return current_app.extensions["vlservice"]
 
 
 @bp.get("/")
@@ -21,7 +18,7 @@ def index():
 
 @bp.get("/api/config")
 def config():
-    ctx = _ctx()
+    ctx = current()
     s, svc = ctx.settings, ctx.service
     spec = svc.spec
     per_token = ctx.encode_ms_per_token()
@@ -37,7 +34,7 @@ def config():
 
 @bp.get("/api/stats")
 def stats():
-    ctx = _ctx()
+    ctx = current()
     return {"cpu": ctx.sampler.snapshot(), "rss_bytes": ctx.sampler.rss_bytes(), **ctx.service.stats(),
             "ready": ctx.service.ready, "model": ctx.service.model_name}
 
@@ -49,7 +46,7 @@ def healthz():
 
 @bp.get("/readyz")
 def readyz():
-    ctx = _ctx()
+    ctx = current()
     if not ctx.service.ready:
         raise NotReady("the model is loading and warming up")
     info = ctx.service.info()
@@ -59,7 +56,7 @@ def readyz():
 
 @bp.get("/metrics")
 def metrics():
-    return Response(_ctx().metrics.render(), mimetype="text/plain; version=0.0.4")
+    return Response(current().metrics.render(), mimetype="text/plain; version=0.0.4")
 
 
 @bp.get("/openapi.json")

@@ -15,7 +15,7 @@ import socket
 import ssl
 from urllib.parse import urlsplit
 
-from .errors import ImageTooLarge, InvalidRequest
+from ..errors import ImageTooLarge, InvalidRequest
 
 
 class RemoteFetcher:

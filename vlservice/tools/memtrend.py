@@ -1,4 +1,4 @@
-"""`python -m vlservice.memtrend --requests 4000`: does the engine's memory level off?
+"""`python -m vlservice.tools.memtrend --requests 4000`: does the engine's memory level off?
 
 Runs chat requests through one in-process `VLModelService` (the model named by `VL_MODEL`, default
 the demo; caches bounded small so they fill early), half of them with a new image and half with one
@@ -28,11 +28,12 @@ def _image(seed: int) -> bytes:
 
 
 def main(argv=None) -> int:
-    from .config import Settings
-    from .generate import Sampling
-    from .service import ChatRequest, ImageInput, Message, load_service
+    from ..config import Settings
+    from ..engine.types import Sampling
+    from ..engine.types import ChatRequest, ImageInput, Message
+    from ..engine.service import load_service
 
-    ap = argparse.ArgumentParser(prog="python -m vlservice.memtrend", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m vlservice.tools.memtrend", description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=4000)
     ap.add_argument("--every", type=int, default=500)
     args = ap.parse_args(argv)

@@ -1,4 +1,4 @@
-"""`python -m vlservice.memory --workers 2`: are the weights shared between Gunicorn workers?
+"""`python -m vlservice.tools.memory --workers 2`: are the weights shared between Gunicorn workers?
 
 Starts `gunicorn -c gunicorn.conf.py wsgi:app` with the given number of workers on the model named
 by `VL_MODEL`, waits until it is ready, answers one request, then prints each process's RSS, PSS
@@ -75,7 +75,7 @@ def measure(workers: int, timeout: float = 900) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m vlservice.memory", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m vlservice.tools.memory", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", help="also write the report to this file")
     args = ap.parse_args(argv)

@@ -34,76 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
-log = logging.getLogger("vlservice.bench")
+from .workloads import WORKLOADS, Ours, bench_model, workload_images
 
-WORKLOADS = {
-    "photo": {"size": (448, 448), "prompt": "Describe this image."},
-    "document": {"size": (768, 1024), "prompt": "Read all the text in this image."},
-}
+log = logging.getLogger(__name__)
+
 STAGES = ("image_decode_ms", "preprocess_ms", "vision_encode_ms", "prompt_ms", "decode_ms")
-
-
-# --------------------------------------------------------------------------- inputs
-
-def photo_like(h: int, w: int, seed: int = 0) -> np.ndarray:
-    """Smooth gradients, blobs and texture: compresses and encodes like a photo."""
-    import cv2
-
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
-    img = np.stack([120 + 80 * np.sin(x / 57 + c) * np.cos(y / 43 - c) for c in (0.0, 1.3, 2.6)], -1)
-    for _ in range(12):
-        c = (int(rng.integers(0, w)), int(rng.integers(0, h)))
-        cv2.circle(img, c, int(rng.integers(10, h // 4)), tuple(float(v) for v in rng.integers(0, 255, 3)), -1,
-                   cv2.LINE_AA)
-    img += rng.normal(0, 6, img.shape)
-    return np.clip(cv2.GaussianBlur(img, (0, 0), 1.2), 0, 255).astype(np.uint8)
-
-
-def document_like(h: int, w: int, seed: int = 0) -> np.ndarray:
-    import cv2
-
-    rng = np.random.default_rng(seed)
-    img = np.full((h, w, 3), 248, np.uint8)
-    words = ["invoice", "total", "amount", "date", "service", "CPU", "report", "quarter", "2026", "items",
-             "summary", "page", "net", "tax", "order", "customer"]
-    y = 60
-    while y < h - 40:
-        line = " ".join(rng.choice(words, int(rng.integers(4, 9))))
-        cv2.putText(img, line, (50, y), cv2.FONT_HERSHEY_SIMPLEX, 0.8, (20, 20, 20), 2, cv2.LINE_AA)
-        y += int(rng.integers(34, 46))
-    return img
-
-
-def encode_jpeg(rgb: np.ndarray) -> bytes:
-    import cv2
-
-    return cv2.imencode(".jpg", rgb[:, :, ::-1].copy(), [cv2.IMWRITE_JPEG_QUALITY, 92])[1].tobytes()
-
-
-def workload_images(quick: bool) -> dict:
-    out = {}
-    for name, wl in WORKLOADS.items():
-        h, w = wl["size"]
-        if quick:
-            h, w = h // 4, w // 4
-        maker = photo_like if name == "photo" else document_like
-        out[name] = [encode_jpeg(maker(h, w, seed=s)) for s in range(8)]  # a new image per cold run
-    return out
-
-
-# --------------------------------------------------------------------------- model
-
-def bench_model(cache_dir: Path, quick: bool) -> tuple[Path, float]:
-    from .models import REAL, TINY, make_model
-
-    folder = cache_dir / ("bench-model-tiny" if quick else "bench-model")
-    if (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file():
-        return folder, 0.0
-    t0 = time.perf_counter()
-    log.info("building the %s random-weight checkpoint in %s (once)", "tiny" if quick else "real-size", folder)
-    make_model(folder, TINY if quick else REAL, seed=1234)
-    return folder, time.perf_counter() - t0
 
 
 # --------------------------------------------------------------------------- baseline
@@ -165,32 +100,6 @@ class Baseline:
                 "decode_ms": (t_end - stamps[0]) * 1e3, "total_ms": (t_end - t0) * 1e3,
                 "decode_tps": (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0,
                 "prompt_n": int(ids["input_ids"].shape[1]), "predicted_n": len(stamps)}
-
-
-# --------------------------------------------------------------------------- ours
-
-class Ours:
-    def __init__(self, service, name: str):
-        self.service, self.name = service, name
-
-    def run(self, image: bytes, prompt: str, tokens: int, history=None) -> dict:
-        from .generate import Sampling
-        from .service import ChatRequest, ImageInput, Message
-
-        msgs = [Message("user", [ImageInput(image), prompt])]
-        if history:
-            msgs = [Message("user", [ImageInput(image), history[0]]), Message("assistant", [history[1]]),
-                    Message("user", [prompt])]
-        t0 = time.perf_counter()
-        r = self.service.chat(ChatRequest(msgs, Sampling(max_tokens=tokens, min_tokens=tokens), result_cache=False))
-        total = (time.perf_counter() - t0) * 1e3
-        t = r["timings"]
-        return {"image_decode_ms": t["image_decode_ms"], "preprocess_ms": t["preprocess_ms"],
-                "vision_encode_ms": t["vision_encode_ms"], "prompt_ms": t["prompt_ms"], "ttft_ms": t["ttft_ms"],
-                "decode_ms": t["predicted_ms"], "total_ms": total, "decode_tps": t["predicted_per_second"],
-                "prompt_n": t["prompt_n"], "cache_n": t.get("cache_n", 0), "predicted_n": t["predicted_n"],
-                "answer": r["text"],
-                "cache_hit": t["vision_cache_hit"]}
 
 
 # --------------------------------------------------------------------------- machine limits
@@ -256,10 +165,10 @@ def run(out: Path, runs: int, tokens: int, quick: bool, cache_dir: Path, threads
     import torch
     from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
 
-    from .config import Settings
-    from .models import ModelSource
-    from .service import VLModelService
-    from .vision import ensure_onnx
+    from ..config import Settings
+    from ..engine.checkpoints import ModelSource
+    from ..engine.service import VLModelService
+    from ..engine.vision import ensure_onnx
 
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(threads)
@@ -303,7 +212,7 @@ def run(out: Path, runs: int, tokens: int, quick: bool, cache_dir: Path, threads
     limits = machine_limits(threads, quick)
     prompt_tokens = {wl: int(statistics.median(r["prompt_n"] for r in results[wl]["baseline"])) for wl in WORKLOADS}
     patches = {wl: prompt_tokens[wl] for wl in WORKLOADS}
-    from . import images as I
+    from ..engine import images as I
 
     for wl in WORKLOADS:
         p = I.prepare(I.decode(images[wl][0]), services["torch"].spec)
@@ -335,7 +244,7 @@ def run(out: Path, runs: int, tokens: int, quick: bool, cache_dir: Path, threads
 
 
 def int8_fidelity(ref_enc, q_enc, images: dict, spec) -> dict:
-    from . import images as I
+    from ..engine import images as I
 
     out = {}
     for wl, imgs in images.items():
@@ -474,8 +383,8 @@ def extras(out: Path, cache_dir: Path, threads: int, runs: int, quick: bool) -> 
 
     import psutil
 
-    from .config import Settings
-    from .service import load_service
+    from ..config import Settings
+    from ..engine.service import load_service
 
     model_dir, _ = bench_model(cache_dir, quick)
     images = workload_images(quick)
@@ -544,7 +453,7 @@ def extras_markdown(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from .config import Settings
+    from ..config import Settings
 
     ap = argparse.ArgumentParser(prog="python -m vlservice bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the same code on a tiny checkpoint, in well under a minute")

@@ -42,9 +42,10 @@ def _leading_agreement(a: list[int], b: list[int]) -> float:
 
 
 def run(images: list[Path], questions, a_pairs, b_pairs, max_tokens: int) -> dict:
-    from .config import Settings
-    from .generate import Sampling
-    from .service import ChatRequest, ImageInput, Message, load_service
+    from ..config import Settings
+    from ..engine.types import Sampling
+    from ..engine.types import ChatRequest, ImageInput, Message
+    from ..engine.service import load_service
 
     base = Settings.from_env()
     results = {}

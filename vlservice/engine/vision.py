@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-log = logging.getLogger("vlservice.vision")
+log = logging.getLogger(__name__)
 
 EXPORT_VERSION = "1"  # bump when the export or quantisation recipe changes
 KEEP_FP32_SCOPES = ("merger.",)  # name scopes left in float32 by the INT8 recipe (not deepstack mergers)

@@ -9,23 +9,20 @@ from __future__ import annotations
 import json
 import time
 
-from flask import Blueprint, Response, current_app, request
+from flask import Blueprint, Response, request
 
-from .errors import APIError, InvalidRequest, NotFound
-from .protocol import parse_chat
+from .context import current
+from ..errors import APIError, InvalidRequest, NotFound
+from ..protocol import parse_chat
 
 bp = Blueprint("api", __name__)
 
 PING_EVERY_S = 2.0  # an SSE comment at least this often, so clients and proxies do not time out
 
 
-def _ctx():
-    return current_app.extensions["vlservice"]
-
-
 @bp.get("/v1/models")
 def models():
-    ctx = _ctx()
+    ctx = current()
     svc = ctx.service
     entry = {"id": svc.model_name, "object": "model", "created": int(ctx.started), "owned_by": "vlservice",
              "input_modalities": ["text", "image"], "output_modalities": ["text"],
@@ -37,14 +34,14 @@ def models():
 
 @bp.post("/v1/chat/completions/<request_id>/cancel")
 def cancel(request_id: str):
-    if not _ctx().service.cancel(request_id):
+    if not current().service.cancel(request_id):
         raise NotFound(f"no running request with id {request_id!r}", param="id")
     return {"id": request_id, "object": "chat.completion.cancel", "cancelled": True}
 
 
 @bp.post("/v1/chat/completions")
 def chat_completions():
-    ctx = _ctx()
+    ctx = current()
     body = request.get_json(silent=True)
     if body is None:
         raise InvalidRequest("the request body must be valid JSON (Content-Type: application/json)",

@@ -18,7 +18,7 @@ import base64
 import struct
 import zlib
 
-from .protocol import DETAILS, MAX_STOP, MAX_STOP_CHARS
+from ..protocol import DETAILS, MAX_STOP, MAX_STOP_CHARS
 
 OPENAPI_VERSION = "3.1.0"
 SSE = "text/event-stream"

@@ -54,9 +54,9 @@ def _peak_rss_mib() -> int:
 
 def child(runs: int, quick: bool, offset: int) -> dict:
     """One variant: load the service, answer `runs` new photos (plus one unmeasured warm-up)."""
-    from .bench import WORKLOADS, Ours, bench_model, workload_images
-    from .config import Settings
-    from .service import load_service
+    from .workloads import WORKLOADS, Ours, bench_model, workload_images
+    from ..config import Settings
+    from ..engine.service import load_service
 
     base = Settings.from_env()
     model_dir, _ = bench_model(base.cache_path, quick)
@@ -79,9 +79,9 @@ def grayscale(quick: bool, runs: int) -> dict:
     """Decode + preprocess of a text page in colour and in grayscale (same pixels, one channel)."""
     import cv2
 
-    from . import images as I
-    from .bench import document_like
-    from .models import preprocessor_config, real_architecture
+    from ..engine import images as I
+    from .workloads import document_like
+    from .checkpoints import preprocessor_config, real_architecture
 
     spec = I.ImageSpec.from_preprocessor_config(preprocessor_config(real_architecture()))
     page = document_like(192, 256, seed=3) if quick else document_like(768, 1024, seed=3)
@@ -106,7 +106,7 @@ def run(runs: int, quick: bool) -> dict:
     for pass_no, seq in enumerate((order, order[::-1])):
         for name in seq:
             env = {**os.environ, **names[name]}
-            cmd = [sys.executable, "-m", "vlservice.levers", "--child", "--runs", str(runs),
+            cmd = [sys.executable, "-m", "vlservice.tools.levers", "--child", "--runs", str(runs),
                    "--offset", str(pass_no * runs)] + (["--quick"] if quick else [])
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if proc.returncode != 0:

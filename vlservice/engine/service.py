@@ -18,187 +18,29 @@ ONNX Runtime session and warms up.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import json
 import logging
-import queue
 import threading
 import time
-import uuid
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..config import Settings
+from ..errors import (APIError, Busy, Cancelled, ContextLengthExceeded, EngineError, InvalidRequest,
+                      NotReady, QueueTimeout)
 from . import images as imgs
-from .cache import FeatureCache, ResultCache, feature_key
-from .kvcache import PrefixCache
-from .config import Settings
-from .errors import (APIError, Busy, Cancelled, ContextLengthExceeded, EngineError, InvalidRequest,
-                     NotReady, QueueTimeout)
-from .generate import Decoder, Sampler, Sampling, TextStream, build_prompt
-from .models import DEMO_NOTICE, ModelSource, resolve
+from .caches import FeatureCache, PrefixCache, ResultCache, feature_key
+from .checkpoints import DEMO_NOTICE, ModelSource, resolve
+from .decoder import Decoder
+from .generation import Generation
+from .lock import PriorityLock, malloc_trim
+from .prompt import build_prompt
+from .sampling import Sampler
+from .textstream import TextStream
+from .types import PRIORITIES, ChatRequest, Event, ImageInput, Message, Sampling
 
-log = logging.getLogger("vlservice.service")
+log = logging.getLogger(__name__)
 
-PRIORITIES = {"interactive": 0, "default": 1, "batch": 2}
-
-
-# --------------------------------------------------------------------------- request types
-
-@dataclass
-class ImageInput:
-    data: bytes
-    detail: str = "auto"
-    param: str = "image"  # where it came from in the request, for error messages
-
-
-@dataclass
-class Message:
-    role: str  # system | user | assistant
-    parts: list  # str (text) or ImageInput, in order
-
-
-@dataclass
-class ChatRequest:
-    messages: list
-    sampling: Sampling = field(default_factory=Sampling)
-    priority: str = "default"
-    result_cache: bool = True  # an identical greedy request may be answered from the result cache
-    id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex[:24])
-
-    @property
-    def images(self) -> list:
-        return [p for m in self.messages for p in m.parts if isinstance(p, ImageInput)]
-
-
-@dataclass
-class Event:
-    kind: str  # queued | started | stage | delta | done | error
-    text: str = ""
-    data: dict = field(default_factory=dict)
-    error: APIError | None = None
-
-
-# --------------------------------------------------------------------------- the model lock
-
-def malloc_trim() -> bool:
-    """glibc's `malloc_trim(0)`: return free heap pages to the system. False where there is none."""
-    global _LIBC
-    if _LIBC is None:
-        import ctypes
-
-        try:
-            _LIBC = ctypes.CDLL("libc.so.6")
-            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
-        except (OSError, AttributeError):
-            _LIBC = False
-    if not _LIBC:
-        return False
-    _LIBC.malloc_trim(0)
-    return True
-
-
-_LIBC = None
-
-
-class PriorityLock:
-    """One holder at a time; waiters served by (priority, arrival). Counts who waits."""
-
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._held = False
-        self._waiters: list = []
-        self._seq = itertools.count()
-
-    def acquire(self, priority: int, timeout: float, cancelled: threading.Event) -> bool:
-        with self._cond:
-            me = (priority, next(self._seq))
-            heapq.heappush(self._waiters, me)
-            deadline = time.monotonic() + timeout
-            try:
-                while self._held or self._waiters[0] != me:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or cancelled.is_set():
-                        return False
-                    self._cond.wait(min(left, 0.25))
-                self._held = True
-                return True
-            finally:
-                self._waiters.remove(me)
-                heapq.heapify(self._waiters)
-                self._cond.notify_all()
-
-    def release(self) -> None:
-        with self._cond:
-            self._held = False
-            self._cond.notify_all()
-
-    @property
-    def waiting(self) -> int:
-        return len(self._waiters)
-
-    @property
-    def held(self) -> bool:
-        return self._held
-
-
-# --------------------------------------------------------------------------- one generation
-
-class Generation:
-    """A submitted request: iterate `events()`; `cancel()` stops it."""
-
-    def __init__(self, service: "VLModelService", request: ChatRequest, work: dict):
-        self.service = service
-        self.request = request
-        self.id = request.id
-        self.work = work
-        self.cancelled = threading.Event()
-        self.queue: queue.Queue = queue.Queue()
-        self.created = int(time.time())
-        self.thread = threading.Thread(target=service._run, args=(self,), name=f"gen-{self.id[-6:]}",
-                                       daemon=True)
-
-    def start(self) -> "Generation":
-        self.thread.start()
-        return self
-
-    def cancel(self) -> None:
-        self.cancelled.set()
-
-    def events(self, ping_every: float | None = None):
-        """Events until `done` or `error`; `None` when nothing happened for `ping_every` seconds."""
-        try:
-            while True:
-                try:
-                    ev = self.queue.get(timeout=ping_every)
-                except queue.Empty:
-                    yield None
-                    continue
-                if ev.kind in ("done", "error"):
-                    # The worker is only releasing the lock now: wait for it, so that a process
-                    # exiting right after a request does not kill a thread inside torch.
-                    self.thread.join(timeout=10)
-                    yield ev
-                    return
-                yield ev
-        finally:
-            self.cancel()  # a consumer that stops early (client gone) frees the model
-
-    def result(self) -> dict:
-        """Run to the end: {'text', 'finish_reason', 'usage', 'timings'} or raise the APIError."""
-        parts = []
-        for ev in self.events():
-            if ev.kind == "delta":
-                parts.append(ev.text)
-            elif ev.kind == "error":
-                raise ev.error
-            elif ev.kind == "done":
-                return {"text": "".join(parts), **ev.data}
-        raise EngineError("generation ended without a result")
-
-
-# --------------------------------------------------------------------------- the service
 
 class VLModelService:
     def __init__(self, settings: Settings, source: ModelSource | None = None, model=None):
@@ -646,5 +488,4 @@ def load_service(settings: Settings | None = None, start: bool = True) -> VLMode
     return service
 
 
-__all__ = ["VLModelService", "ChatRequest", "Message", "ImageInput", "Generation", "Event", "Sampling",
-           "load_service"]
+__all__ = ["VLModelService", "load_service"]

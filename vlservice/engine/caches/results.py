@@ -1,0 +1,46 @@
+"""Answers to identical greedy requests: the whole answer at once, no model work."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+
+
+class ResultCache:
+    """Answers to greedy requests, keyed by everything that decides them (bounded LRU)."""
+
+    def __init__(self, entries: int):
+        self.capacity = entries
+        self._items: OrderedDict[str, dict] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    @staticmethod
+    def key(model_fp: str, backend: str, input_ids, image_keys, sampling) -> str:
+        raw = repr((model_fp, backend, tuple(input_ids), tuple(image_keys), sampling.max_tokens, sampling.min_tokens,
+                    sampling.repetition_penalty, tuple(sampling.stop))).encode()
+        return hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+    def get(self, key: str) -> dict | None:
+        with self._lock:
+            item = self._items.get(key)
+            if item is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end(key)
+            self.hits += 1
+            return item
+
+    def put(self, key: str, item: dict) -> None:
+        if self.capacity <= 0:
+            return
+        with self._lock:
+            self._items[key] = item
+            self._items.move_to_end(key)
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {"entries": len(self._items), "capacity": self.capacity, "hits": self.hits, "misses": self.misses}

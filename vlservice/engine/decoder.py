@@ -1,0 +1,94 @@
+"""The LLM side: chat template to tokens, vision features into the embeddings, token loop.
+
+We drive `Qwen3VLForConditionalGeneration`'s own modules (embedding, language model with its
+deepstack inputs, lm_head, `get_rope_index` for M-RoPE) instead of `model.generate`, because a
+server needs what `generate` hides: features that come from our cache or ONNX Runtime instead of
+`model.visual`, a token loop that can be cancelled between tokens, text that streams only in whole
+UTF-8 characters, stop strings, and the KV cache in our hands.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .prompt import Prompt
+from .vision import VisionFeatures
+
+
+class Decoder:
+    """Model-level operations on one sequence: prefill with image features, then one token at a time."""
+
+    def __init__(self, model, eos_ids):
+        self.model = model
+        self.config = model.config
+        self.lm = model.model.language_model
+        self.embed = model.model.get_input_embeddings()
+        self.lm_head = model.lm_head
+        self.image_token_id = model.config.image_token_id
+        self.eos_ids = set(int(e) for e in eos_ids)
+
+    # ----------------------------------------------------------------- positions
+    def positions(self, prompt: Prompt) -> tuple[torch.Tensor, int]:
+        """(4, 1, L) position ids (text row + 3 M-RoPE rows) and the rope delta for decoding."""
+        ids = torch.tensor([prompt.input_ids], dtype=torch.long)
+        text_pos = torch.arange(ids.shape[1]).view(1, 1, -1)
+        if not prompt.image_grids:
+            return text_pos.expand(4, 1, -1), 0
+        mm_types = (ids == self.image_token_id).int()
+        grids = torch.tensor([list(g) for g in prompt.image_grids], dtype=torch.long)
+        mrope, delta = self.model.model.get_rope_index(ids, mm_token_type_ids=mm_types, image_grid_thw=grids)
+        return torch.cat([text_pos, mrope], dim=0), int(delta.view(-1)[0])
+
+    # ----------------------------------------------------------------- forward passes
+    @torch.inference_mode()
+    def prefill(self, prompt: Prompt, features: list[VisionFeatures], cache, start: int = 0):
+        """Run the prompt from token `start` (the cache holds the ones before); returns the logits
+        of the next token. `features` are those of the images after `start`, in order."""
+        all_pos, delta = self.positions(prompt)
+        ids = torch.tensor([prompt.input_ids[start:]], dtype=torch.long)
+        pos = all_pos[:, :, start:]
+        embeds = self.embed(ids)
+        kwargs = {}
+        if features:
+            mask = ids == self.image_token_id
+            image_embeds = torch.from_numpy(_cat([f.embeds for f in features])).to(embeds.dtype)
+            if int(mask.sum()) != image_embeds.shape[0]:
+                raise ValueError("image tokens and image features do not match")
+            embeds = embeds.masked_scatter(mask.unsqueeze(-1), image_embeds)
+            layers = len(features[0].deepstack)
+            kwargs = {
+                "visual_pos_masks": mask,
+                "deepstack_visual_embeds": [
+                    torch.from_numpy(_cat([f.deepstack[i] for f in features])).to(embeds.dtype)
+                    for i in range(layers)
+                ],
+            }
+        out = self.lm(inputs_embeds=embeds, position_ids=pos, cache=cache, use_cache=True, **kwargs)
+        self._delta = delta
+        self._next_pos = len(prompt)
+        return self.lm_head(out.last_hidden_state[:, -1]).float()[0]
+
+    def resume(self, prompt: Prompt) -> None:
+        """Continue after `prompt` whose KV is already cached (no forward pass)."""
+        _, self._delta = self.positions(prompt)
+        self._next_pos = len(prompt)
+
+    @torch.inference_mode()
+    def step(self, token: int, cache):
+        embeds = self.embed(torch.tensor([[token]], dtype=torch.long))
+        p = self._next_pos
+        pos = torch.tensor([p, p + self._delta, p + self._delta, p + self._delta], dtype=torch.long).view(4, 1, 1)
+        out = self.lm(inputs_embeds=embeds, position_ids=pos, cache=cache, use_cache=True)
+        self._next_pos += 1
+        return self.lm_head(out.last_hidden_state[:, -1]).float()[0]
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.config.text_config)
+
+
+def _cat(arrays):
+    import numpy as np
+
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)

@@ -1,0 +1,63 @@
+"""One submitted request's life as its caller sees it: a queue of events, cancel, the result."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+from ..errors import EngineError
+from .types import ChatRequest
+
+
+class Generation:
+    """A submitted request: iterate `events()`; `cancel()` stops it."""
+
+    def __init__(self, service, request: ChatRequest, work: dict):
+        self.service = service
+        self.request = request
+        self.id = request.id
+        self.work = work
+        self.cancelled = threading.Event()
+        self.queue: queue.Queue = queue.Queue()
+        self.created = int(time.time())
+        self.thread = threading.Thread(target=service._run, args=(self,), name=f"gen-{self.id[-6:]}",
+                                       daemon=True)
+
+    def start(self) -> "Generation":
+        self.thread.start()
+        return self
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def events(self, ping_every: float | None = None):
+        """Events until `done` or `error`; `None` when nothing happened for `ping_every` seconds."""
+        try:
+            while True:
+                try:
+                    ev = self.queue.get(timeout=ping_every)
+                except queue.Empty:
+                    yield None
+                    continue
+                if ev.kind in ("done", "error"):
+                    # The worker is only releasing the lock now: wait for it, so that a process
+                    # exiting right after a request does not kill a thread inside torch.
+                    self.thread.join(timeout=10)
+                    yield ev
+                    return
+                yield ev
+        finally:
+            self.cancel()  # a consumer that stops early (client gone) frees the model
+
+    def result(self) -> dict:
+        """Run to the end: {'text', 'finish_reason', 'usage', 'timings'} or raise the APIError."""
+        parts = []
+        for ev in self.events():
+            if ev.kind == "delta":
+                parts.append(ev.text)
+            elif ev.kind == "error":
+                raise ev.error
+            elif ev.kind == "done":
+                return {"text": "".join(parts), **ev.data}
+        raise EngineError("generation ended without a result")

@@ -1,0 +1,62 @@
+"""What a request is, inside the engine: messages of text and images, sampling, priority; and the
+events a running request reports. No HTTP here: the protocol layer builds these."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from ..errors import APIError
+
+PRIORITIES = {"interactive": 0, "default": 1, "batch": 2}
+
+
+@dataclass
+class Sampling:
+    max_tokens: int = 256
+    min_tokens: int = 0
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+
+@dataclass
+class ImageInput:
+    data: bytes
+    detail: str = "auto"
+    param: str = "image"  # where it came from in the request, for error messages
+
+
+@dataclass
+class Message:
+    role: str  # system | user | assistant
+    parts: list  # str (text) or ImageInput, in order
+
+
+@dataclass
+class ChatRequest:
+    messages: list
+    sampling: Sampling = field(default_factory=Sampling)
+    priority: str = "default"
+    result_cache: bool = True  # an identical greedy request may be answered from the result cache
+    id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex[:24])
+
+    @property
+    def images(self) -> list:
+        return [p for m in self.messages for p in m.parts if isinstance(p, ImageInput)]
+
+
+@dataclass
+class Event:
+    kind: str  # queued | started | stage | delta | done | error
+    text: str = ""
+    data: dict = field(default_factory=dict)
+    error: APIError | None = None

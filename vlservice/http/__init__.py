@@ -1,0 +1,1 @@
+"""The HTTP layer: OpenAI-compatible routes and SSE, operational routes, auth, errors, OpenAPI."""

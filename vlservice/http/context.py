@@ -1,0 +1,55 @@
+"""What the HTTP handlers share: settings, the service, the CPU sampler and the metrics."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from flask import current_app
+
+from ..config import Settings
+from ..obs.cpu import CpuSampler
+from ..obs.metrics import Metrics
+from .remote import RemoteFetcher
+
+log = logging.getLogger(__name__)
+
+
+class AppContext:
+    def __init__(self, settings: Settings, service):
+        self.settings = settings
+        self.service = service
+        self.sampler = CpuSampler()
+        self.metrics = Metrics(service)
+        self.started = time.time()
+        self.fetch_remote = RemoteFetcher(settings) if settings.remote_images else None
+        self._start_lock = threading.Lock()
+
+    def start(self) -> None:
+        """In the worker process: the sampler thread, then the model's threads and warm-up."""
+        with self._start_lock:
+            self.sampler.start()
+            self.service.start()
+
+    def start_in_background(self) -> threading.Thread:
+        t = threading.Thread(target=self._start_logged, name="vlservice-start", daemon=True)
+        t.start()
+        return t
+
+    def _start_logged(self) -> None:
+        try:
+            self.start()
+        except Exception:
+            log.exception("the service failed to start")
+
+    def encode_ms_per_token(self):
+        t = self.service.last_timings
+        if t.get("vision_encode_ms") and t.get("image_tokens"):
+            return round(t["vision_encode_ms"] / t["image_tokens"], 3)
+        return None
+
+
+def current() -> AppContext:
+    """The current app's context (inside a request)."""
+    return current_app.extensions["vlservice"]

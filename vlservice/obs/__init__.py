@@ -1,0 +1,1 @@
+"""Observability: Prometheus metrics and the CPU sampler behind the page's CPU panel."""
