@@ -1,4 +1,7 @@
-"""Gunicorn settings for vlservice; every value can be overridden from the environment.
+"""Gunicorn settings for vlservice, from the `VL_*` environment through `Settings` (the README's
+settings table: VL_BIND, VL_WORKERS, VL_HTTP_THREADS, VL_WORKER_TIMEOUT, VL_GRACEFUL_TIMEOUT,
+VL_ACCESS_LOG, VL_LOG_LEVEL). Gunicorn runs this file from the repository root, so `vlservice`
+imports; `vlservice.config` is cheap to import (no torch).
 
 - preload_app: the app (weights, ONNX export) is built once in the master, before the fork, so
   the weights are shared copy-on-write between workers instead of loaded twice.
@@ -6,7 +9,8 @@
   the page. The model itself is serialised by the service's lock and bounded wait queue.
 - post_worker_init: torch and ONNX Runtime thread pools are not fork-safe, so each worker sets
   its threads, opens its ONNX Runtime session and warms up after the fork (in a background
-  thread: /healthz answers at once, /readyz says 503 until the warm-up is done).
+  thread: /healthz answers at once, /readyz says 503 until the warm-up is done). VL_DEFER_START
+  tells wsgi.py not to start the service in the master.
 - worker_exit: a worker that is done leaves with os._exit (keeping its exit code) once its logs
   are flushed. Interpreter shutdown would run the native libraries' static destructors while
   their pool threads still wait on them, and the worker aborted ("terminate called after throwing
@@ -18,19 +22,22 @@
 
 import os
 
-os.environ.setdefault("VL_DEFER_START", "1")  # wsgi.py: start in post_worker_init, after the fork
+from vlservice.config import Settings
 
-bind = os.environ.get("VL_BIND", "0.0.0.0:8000")
-workers = int(os.environ.get("VL_WORKERS", "1"))
+os.environ.setdefault("VL_DEFER_START", "1")  # for wsgi.py: start in post_worker_init, after the fork
+_settings = Settings.from_env()  # names starting with "_" are not Gunicorn settings
+
+bind = _settings.bind
+workers = _settings.workers
 worker_class = "gthread"
-threads = int(os.environ.get("VL_HTTP_THREADS", "16"))
+threads = _settings.http_threads
 preload_app = True
-timeout = int(os.environ.get("VL_WORKER_TIMEOUT", "120"))
-graceful_timeout = int(os.environ.get("VL_GRACEFUL_TIMEOUT", "30"))
+timeout = _settings.worker_timeout
+graceful_timeout = _settings.graceful_timeout
 keepalive = 5
-accesslog = os.environ.get("VL_ACCESS_LOG", "-")
+accesslog = _settings.access_log
 access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(L)ss'
-loglevel = os.environ.get("VL_LOG_LEVEL", "info").lower()
+loglevel = _settings.log_level.lower()
 
 
 def post_worker_init(worker):

@@ -1,12 +1,19 @@
 """Settings, read once from the environment into one frozen object.
 
 Every knob of the service lives here with its default, so the README's settings table, the
-code and the tests agree. Nothing else reads `os.environ` for a `VL_*` name: `Settings` is built
-once (by `Settings.from_env()`) and passed explicitly.
+code and the tests agree (tests/unit/test_settings_table.py holds them to it). Nothing else reads
+`os.environ` for a `VL_*` name, not even gunicorn.conf.py or wsgi.py: `Settings` is built by
+`Settings.from_env()` and passed explicitly. Importing this module stays cheap (no torch), since
+Gunicorn imports it to read its own settings.
+
+One parser turns text into values, for the environment and for tools' `KEY=VALUE` overrides
+(`Settings.parse_overrides`): a value that is not what its field needs is an error naming the
+variable, never a silent default (`VL_WARMUP=flase` does not quietly mean False).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -17,6 +24,8 @@ os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(64 * 1024 * 1024))
 
 DEFAULT_HUB_MODEL = "Qwen/Qwen3-VL-2B-Instruct"
 VISION_BACKENDS = ("onnx-int8", "onnx-fp32", "torch")
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
 
 
 def _physical_cores() -> int:
@@ -40,7 +49,7 @@ class Settings:
     model: str = ""  # VL_MODEL: hub id, local dir or "demo"; empty = default hub model, else demo
     cache_dir: str = field(default_factory=_default_cache_dir)
     vision_backend: str = "onnx-int8"
-    llm_quant: str = ""  # "" (float32) or "int8" (opt-in; see vlservice/quant.py)
+    llm_quant: str = ""  # "" (float32) or "int8" (opt-in; see vlservice/engine/quant.py)
     threads: int = 0  # 0 = physical cores / workers
     workers: int = 1  # Gunicorn worker processes (read here to split the cores between them)
     queue_size: int = 8  # callers allowed to wait for the model (beyond the one running)
@@ -67,31 +76,46 @@ class Settings:
     remote_images: str = ""  # comma separated https host allowlist; empty: remote URLs refused
     remote_image_timeout_s: float = 5.0
     log_level: str = "INFO"
+    # Gunicorn's (read by gunicorn.conf.py; `workers` above is one of them too)
+    bind: str = "0.0.0.0:8000"
+    http_threads: int = 16  # threads per worker: the page, stats and health answer during a generation
+    worker_timeout: int = 120  # stuck-worker timeout (a long generation does not trip it)
+    graceful_timeout: int = 30  # seconds a worker gets to finish its requests on shutdown
+    access_log: str = "-"  # "-" = stdout, or a file path
+    # Set by gunicorn.conf.py, not by users: wsgi.py builds the app before the fork without
+    # starting the service; each worker starts it after the fork (post_worker_init).
+    defer_start: bool = False
 
     @classmethod
     def from_env(cls, env: dict | None = None, **overrides) -> "Settings":
+        """Settings from `env` (default: the process environment; empty values mean the default),
+        then `overrides` (typed values), validated."""
         env = os.environ if env is None else env
         values = {}
         for f in fields(cls):
             raw = env.get("VL_" + f.name.upper())
-            if raw is None or raw == "":
-                continue
-            try:
-                if f.type == "int":
-                    values[f.name] = int(raw)
-                elif f.type == "float":
-                    values[f.name] = float(raw)
-                elif f.type == "bool":
-                    values[f.name] = raw.strip().lower() in ("1", "true", "yes", "on")
-                else:
-                    values[f.name] = raw
-            except ValueError:
-                raise ValueError(f"VL_{f.name.upper()} must be {'an integer' if f.type == 'int' else 'a number'}, "
-                                 f"got {raw!r}") from None
+            if raw is not None and raw != "":
+                values[f.name] = _parse(f.name, f.type, raw)
         values.update(overrides)
         settings = cls(**values)
         settings.validate()
         return settings
+
+    @classmethod
+    def parse_overrides(cls, pairs) -> dict:
+        """`KEY=VALUE` texts (the name with or without `VL_`, any case) to typed field values, through
+        the same parser as the environment; an unknown name or a bad value is a ValueError."""
+        types = {f.name: f.type for f in fields(cls)}
+        out = {}
+        for pair in pairs:
+            key, sep, raw = pair.partition("=")
+            name = key.strip().lower().removeprefix("vl_")
+            if not sep or not name:
+                raise ValueError(f"expected KEY=VALUE, got {pair!r}")
+            if name not in types:
+                raise ValueError(f"unknown setting {key.strip()!r} (known: {', '.join(sorted(types))})")
+            out[name] = _parse(name, types[name], raw)
+        return out
 
     def with_(self, **changes) -> "Settings":
         return replace(self, **changes)
@@ -103,8 +127,12 @@ class Settings:
             )
         if self.llm_quant not in ("", "none", "int8"):
             raise ValueError(f"VL_LLM_QUANT must be empty or int8, got {self.llm_quant!r}")
-        if self.queue_size < 0:
-            raise ValueError(f"VL_QUEUE_SIZE must be >= 0, got {self.queue_size}")
+        for f in fields(self):  # no count, size or timeout means anything below zero
+            if f.type in ("int", "float") and getattr(self, f.name) < 0:
+                raise ValueError(f"VL_{f.name.upper()} must be >= 0, got {getattr(self, f.name)}")
+        for name in ("workers", "http_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"VL_{name.upper()} must be >= 1, got {getattr(self, name)}")
         if not 1 <= self.default_max_tokens <= self.max_tokens_cap:
             raise ValueError("VL_DEFAULT_MAX_TOKENS must be between 1 and VL_MAX_TOKENS_CAP")
 
@@ -124,3 +152,29 @@ class Settings:
             "auto": self.detail_auto_pixels,
             "high": self.detail_high_pixels,
         }[detail]
+
+
+def _parse(name: str, type_: str, raw: str):
+    """The value of field `name` (annotated `type_`) from its text; ValueError naming `VL_<NAME>`."""
+    var = "VL_" + name.upper()
+    text = raw.strip()
+    if type_ == "bool":
+        if text.lower() in TRUE_WORDS:
+            return True
+        if text.lower() in FALSE_WORDS:
+            return False
+        raise ValueError(f"{var} must be one of {'/'.join(TRUE_WORDS)} or {'/'.join(FALSE_WORDS)}, got {raw!r}")
+    if type_ == "int":
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"{var} must be an integer, got {raw!r}") from None
+    if type_ == "float":
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise ValueError(f"{var} must be a number, got {raw!r}")
+        return value
+    return raw
