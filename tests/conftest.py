@@ -82,10 +82,35 @@ def scene(h=120, w=200, seed=0) -> np.ndarray:
     return img
 
 
+# The suite runs in tiers, fastest first, each marked by its folder: a broken unit fails in
+# seconds, before the server, browser and tool tiers start.
+TIERS = ("unit", "engine", "api", "browser", "tools", "deploy")
+
+
+def _tier(item) -> str:
+    parts = Path(str(item.path)).relative_to(ROOT / "tests").parts
+    return parts[0] if len(parts) > 1 and parts[0] in TIERS else "unit"
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if "browser" in item.keywords or "server" in item.keywords:
+        tier = _tier(item)
+        item.add_marker(getattr(pytest.mark, tier))
+        if tier in ("api", "browser", "tools") or "server" in item.keywords:
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: TIERS.index(_tier(item)))  # stable: file order kept within a tier
+
+
+_current_tier = {"name": None}
+
+
+def pytest_runtest_logstart(nodeid, location):
+    parts = Path(location[0]).parts
+    tier = parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in TIERS else "unit"
+    if tier != _current_tier["name"]:
+        _current_tier["name"] = tier
+        sys.stdout.write(f"\n---- tier: {tier} ----\n")
+        sys.stdout.flush()
 
 
 def data_url(data: bytes, media: str = "image/png") -> str:
