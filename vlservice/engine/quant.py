@@ -107,12 +107,12 @@ def build_int8(model_dir: Path, out: Path) -> dict:
 def ensure_int8(model_dir: Path, cache_dir: Path) -> tuple[Path, dict]:
     """The stored INT8 weights of `model_dir`, built once in a child process so that the float32
     weights never occupy the server's memory."""
-    from .vision import _FileLock
+    from filelock import FileLock
 
     path = int8_path(model_dir, cache_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     stats = {"build_s": 0.0}
-    with _FileLock(path.parent / ".lock"):
+    with FileLock(path.parent / ".lock"):  # workers starting together build it once
         if not path.is_file():
             log.info("quantising the LLM to INT8 once (stored in %s)", path.parent)
             t0 = time.perf_counter()

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from filelock import FileLock
 
 log = logging.getLogger(__name__)
 
@@ -229,8 +230,7 @@ def ensure_onnx(model_dir: Path, visual, cache_dir: Path, backend: str) -> tuple
     fp32 = folder / "fp32" / "model.onnx"
     int8 = folder / "int8" / "model.onnx"
     stats = {"fingerprint": key, "export_s": 0.0, "quantize_s": 0.0}
-    lock = _FileLock(folder / ".lock")
-    with lock:
+    with FileLock(folder / ".lock"):  # two processes (workers, `export`) never export into one folder at once
         if not fp32.is_file():
             log.info("exporting the vision encoder to %s", fp32)
             stats["export_s"] = export_fp32(visual, fp32)
@@ -240,26 +240,6 @@ def ensure_onnx(model_dir: Path, visual, cache_dir: Path, backend: str) -> tuple
     path = int8 if backend == "onnx-int8" else fp32
     stats["file_bytes"] = sum(p.stat().st_size for p in path.parent.glob("model.onnx*"))
     return path, stats
-
-
-class _FileLock:
-    """An exclusive lock file so two processes never export into the same folder at once."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __enter__(self):
-        import fcntl
-
-        self.f = open(self.path, "w")
-        fcntl.flock(self.f, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        import fcntl
-
-        fcntl.flock(self.f, fcntl.LOCK_UN)
-        self.f.close()
 
 
 def load_encoder(backend: str, model_dir: Path, visual, cache_dir: Path, threads: int):

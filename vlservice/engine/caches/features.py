@@ -2,8 +2,16 @@
 
 Keys are content hashes (the resized pixels, the grid, the resolution budget, the model
 fingerprint and the vision backend), never file names or URLs, so the same picture sent twice by
-any client hits. Two tiers: an in-memory LRU bounded in bytes, and an optional disk tier bounded in
-bytes that survives a restart; a disk entry that cannot be read is a miss and is deleted.
+any client hits. Two tiers: an in-memory LRU bounded in bytes (cachetools), and an optional disk
+tier bounded in bytes that survives a restart; a disk entry that cannot be read is a miss and is
+deleted.
+
+The disk tier keeps its own account (file -> size, least recently used first) so that `stats()`,
+polled every second by the page, never walks the folder: the folder is walked once at start and
+the account updated on every write and eviction. Other Gunicorn workers write to the same folder,
+so every write also stamps the folder (`.stamp`'s modification time); a worker that finds the
+stamp is not its own walks the folder again before it counts, and the budget holds for the folder,
+not per worker. With one worker that never happens.
 """
 
 from __future__ import annotations
@@ -13,10 +21,11 @@ import io
 import logging
 import os
 import threading
-from collections import OrderedDict
+import time
 from pathlib import Path
 
 import numpy as np
+from cachetools import LRUCache
 
 from ..vision import VisionFeatures
 
@@ -28,24 +37,49 @@ def feature_key(digest: str, grid_thw: tuple, budget: int, model_fp: str, backen
     return hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
+class _MemoryTier(LRUCache):
+    """Features by key, bounded in bytes; counts what it evicts."""
+
+    def __init__(self, max_bytes: int):
+        super().__init__(max_bytes, getsizeof=lambda feats: feats.nbytes)
+        self.evictions = 0
+
+    def popitem(self):
+        item = super().popitem()
+        self.evictions += 1
+        return item
+
+
+class _DiskIndex(LRUCache):
+    """The disk tier's files (path -> size), bounded in bytes; evicting an entry deletes its file."""
+
+    def __init__(self, max_bytes: int):
+        super().__init__(max_bytes, getsizeof=lambda size: size)
+
+    def popitem(self):
+        path, size = super().popitem()
+        path.unlink(missing_ok=True)
+        return path, size
+
+
 class FeatureCache:
     def __init__(self, memory_bytes: int, disk_dir: Path | None = None, disk_bytes: int = 0):
         self.memory_bytes = memory_bytes
         self.disk_dir = Path(disk_dir) if disk_dir and disk_bytes > 0 else None
         self.disk_bytes = disk_bytes
-        self._mem: OrderedDict[str, VisionFeatures] = OrderedDict()
-        self._mem_used = 0
+        self._mem = _MemoryTier(memory_bytes)
         self._lock = threading.Lock()
-        self.hits = self.misses = self.disk_hits = self.evictions = self.corrupt = 0
+        self.hits = self.misses = self.disk_hits = self.corrupt = 0
         if self.disk_dir:
             self.disk_dir.mkdir(parents=True, exist_ok=True)
+        self._stamp_seen = self._stamp_ns()
+        self._disk = self._disk_scan()
 
     # ----------------------------------------------------------------- public
     def get(self, key: str) -> VisionFeatures | None:
         with self._lock:
-            feats = self._mem.get(key)
+            feats = self._mem.get(key)  # a hit becomes the most recently used
             if feats is not None:
-                self._mem.move_to_end(key)
                 self.hits += 1
                 return feats
         feats = self._disk_get(key)
@@ -63,96 +97,106 @@ class FeatureCache:
             self._mem_put(key, feats)
         self._disk_put(key, feats)
 
-    def clear_memory(self) -> None:
-        with self._lock:
-            self._mem.clear()
-            self._mem_used = 0
-
     def stats(self) -> dict:
         with self._lock:
             return {
                 "hits": self.hits, "misses": self.misses, "disk_hits": self.disk_hits,
-                "entries": len(self._mem), "bytes": self._mem_used, "capacity_bytes": self.memory_bytes,
-                "evictions": self.evictions, "corrupt": self.corrupt,
-                "disk_bytes": self._disk_usage() if self.disk_dir else 0,
+                "entries": len(self._mem), "bytes": self._mem.currsize, "capacity_bytes": self.memory_bytes,
+                "evictions": self._mem.evictions, "corrupt": self.corrupt,
+                "disk_bytes": self._disk.currsize, "disk_entries": len(self._disk),
             }
 
     # ----------------------------------------------------------------- memory
     def _mem_put(self, key: str, feats: VisionFeatures) -> None:
-        if feats.nbytes > self.memory_bytes:
-            return
-        old = self._mem.pop(key, None)
-        if old is not None:
-            self._mem_used -= old.nbytes
-        self._mem[key] = feats
-        self._mem_used += feats.nbytes
-        while self._mem_used > self.memory_bytes:
-            _, evicted = self._mem.popitem(last=False)
-            self._mem_used -= evicted.nbytes
-            self.evictions += 1
+        if feats.nbytes <= self.memory_bytes:  # larger than the whole tier: not kept
+            self._mem[key] = feats
 
     # ----------------------------------------------------------------- disk
     def _path(self, key: str) -> Path:
         return self.disk_dir / key[:2] / f"{key}.npz"
 
+    def _stamp_ns(self) -> int | None:
+        try:
+            return (self.disk_dir / ".stamp").stat().st_mtime_ns if self.disk_dir else None
+        except FileNotFoundError:
+            return None
+
+    def _stamp(self) -> None:
+        """Mark the folder as written by this process (a time of our own, read back as the
+        filesystem stored it)."""
+        path = self.disk_dir / ".stamp"
+        path.touch()
+        now = time.time_ns()
+        os.utime(path, ns=(now, now))
+        self._stamp_seen = self._stamp_ns()
+
+    def _disk_scan(self) -> _DiskIndex:
+        """The folder's entries, oldest first (mtime: a hit touches its file); beyond the budget the
+        oldest are deleted."""
+        index = _DiskIndex(self.disk_bytes)
+        if not self.disk_dir:
+            return index
+        found = []
+        for path in self.disk_dir.glob("*/*.npz"):
+            try:
+                st = path.stat()
+            except FileNotFoundError:  # another worker evicted it meanwhile
+                continue
+            found.append((st.st_mtime, str(path), st.st_size))
+        for _, path, size in sorted(found):
+            if size > self.disk_bytes:  # the budget was lowered since it was written
+                Path(path).unlink(missing_ok=True)
+            else:
+                index[Path(path)] = size
+        return index
+
     def _disk_get(self, key: str) -> VisionFeatures | None:
         if not self.disk_dir:
             return None
         path = self._path(key)
-        if not path.is_file():
-            return None
         try:
             with np.load(path, allow_pickle=False) as data:
                 n = int(data["n_deepstack"])
                 feats = VisionFeatures(embeds=data["embeds"].copy(),
                                        deepstack=[data[f"deepstack_{i}"].copy() for i in range(n)])
-            os.utime(path)  # recently used: evicted last
-            return feats
+            os.utime(path)  # recently used: evicted last, by this process and by the next scan
+            size = path.stat().st_size
+        except FileNotFoundError:  # never written, or evicted by another worker: a plain miss
+            with self._lock:
+                self._disk.pop(path, None)
+            return None
         except Exception as exc:  # truncated, garbage, wrong keys: a miss, and the file goes
             log.warning("removing unreadable feature cache entry %s (%s)", path.name, type(exc).__name__)
-            self.corrupt += 1
+            with self._lock:
+                self.corrupt += 1
+                self._disk.pop(path, None)
             path.unlink(missing_ok=True)
             return None
+        with self._lock:
+            self._disk[path] = size  # most recently used (and known, if another worker wrote it)
+        return feats
 
     def _disk_put(self, key: str, feats: VisionFeatures) -> None:
         if not self.disk_dir or feats.nbytes > self.disk_bytes:
             return
         path = self._path(key)
+        buf = io.BytesIO()
+        arrays = {f"deepstack_{i}": d for i, d in enumerate(feats.deepstack)}
+        np.savez(buf, embeds=feats.embeds, n_deepstack=np.int64(len(feats.deepstack)), **arrays)
+        data = buf.getvalue()
+        if len(data) > self.disk_bytes:
+            return
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            buf = io.BytesIO()
-            arrays = {f"deepstack_{i}": d for i, d in enumerate(feats.deepstack)}
-            np.savez(buf, embeds=feats.embeds, n_deepstack=np.int64(len(feats.deepstack)), **arrays)
             tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_bytes(buf.getvalue())
+            tmp.write_bytes(data)
             os.replace(tmp, path)
-            self._disk_evict()
         except OSError as exc:  # a full or read-only disk must not fail the request
             log.warning("could not write the feature cache entry: %s", exc)
-
-    def _entries(self):
-        return [p for p in self.disk_dir.glob("*/*.npz")]
-
-    def _disk_usage(self) -> int:
-        total = 0
-        for p in self._entries():
-            try:
-                total += p.stat().st_size
-            except FileNotFoundError:
-                pass
-        return total
-
-    def _disk_evict(self) -> None:
-        entries = []
-        for p in self._entries():
-            try:
-                st = p.stat()
-                entries.append((st.st_mtime, st.st_size, p))
-            except FileNotFoundError:
-                pass
-        total = sum(e[1] for e in entries)
-        for _, size, p in sorted(entries):
-            if total <= self.disk_bytes:
-                break
-            p.unlink(missing_ok=True)
-            total -= size
+            return
+        with self._lock:
+            if self._stamp_ns() != self._stamp_seen:  # another worker wrote or evicted since our last look
+                self._disk = self._disk_scan()  # what is really there (this entry too), oldest beyond the budget go
+            else:
+                self._disk[path] = len(data)  # the least recently used beyond the budget go
+            self._stamp()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections import OrderedDict
+
+from cachetools import LRUCache
 
 
 class ResultCache:
@@ -12,7 +13,7 @@ class ResultCache:
 
     def __init__(self, entries: int):
         self.capacity = entries
-        self._items: OrderedDict[str, dict] = OrderedDict()
+        self._items = LRUCache(maxsize=entries)
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
@@ -24,22 +25,18 @@ class ResultCache:
 
     def get(self, key: str) -> dict | None:
         with self._lock:
-            item = self._items.get(key)
+            item = self._items.get(key)  # a hit becomes the most recently used
             if item is None:
                 self.misses += 1
                 return None
-            self._items.move_to_end(key)
             self.hits += 1
             return item
 
     def put(self, key: str, item: dict) -> None:
-        if self.capacity <= 0:
+        if self.capacity <= 0:  # VL_RESULT_CACHE_ENTRIES=0 turns it off
             return
         with self._lock:
-            self._items[key] = item
-            self._items.move_to_end(key)
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
+            self._items[key] = item  # past the capacity the least recently used goes
 
     def stats(self) -> dict:
         with self._lock:
