@@ -22,14 +22,14 @@ DEFAULT_QUESTIONS = ("Describe this image.", "Read all the text in this image.")
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif"}
 
 
-def _settings(base, pairs: list[str]):
-    changes = {}
-    for pair in pairs:
-        key, _, value = pair.partition("=")
-        key = key.strip().lower().removeprefix("vl_")
-        field_type = type(getattr(base, key))
-        changes[key] = value if field_type is str else field_type(value)
-    return base.with_(**changes)
+def configuration(pairs: list[str]):
+    """The environment's settings with `pairs` over them, parsed like the environment itself
+    (`warmup=false` is False) and validated; caches that would answer B from A's work are off.
+    ValueError names an unknown key or a bad value."""
+    from ..config import Settings
+
+    quiet = {"disk_cache_mb": 0, "result_cache_entries": 0, "kv_cache_mb": 0}
+    return Settings.from_env(**{**quiet, **Settings.parse_overrides(pairs)})
 
 
 def _leading_agreement(a: list[int], b: list[int]) -> float:
@@ -42,16 +42,14 @@ def _leading_agreement(a: list[int], b: list[int]) -> float:
 
 
 def run(images: list[Path], questions, a_pairs, b_pairs, max_tokens: int) -> dict:
-    from ..config import Settings
     from ..engine.types import Sampling
     from ..engine.types import ChatRequest, ImageInput, Message
     from ..engine.service import load_service
 
-    base = Settings.from_env()
+    configs = {"A": configuration(a_pairs), "B": configuration(b_pairs)}  # both checked before any load
     results = {}
     for label, pairs in (("A", a_pairs), ("B", b_pairs)):
-        settings = _settings(base.with_(disk_cache_mb=0, result_cache_entries=0, kv_cache_mb=0), pairs)
-        svc = load_service(settings)
+        svc = load_service(configs[label])
         rows = []
         for path in images:
             data = path.read_bytes()
@@ -86,6 +84,11 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    for pairs in (args.a, args.b):
+        try:
+            configuration(pairs)
+        except ValueError as exc:
+            ap.error(str(exc))  # exit 2, before any model loads
     paths = [args.images] if args.images.is_file() else sorted(
         p for p in args.images.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if not paths:
