@@ -31,7 +31,7 @@ def create_app(settings: Settings | None = None, service=None, start_service: bo
     app.register_blueprint(openai.bp)
     app.register_blueprint(ops.bp)
     auth.init_app(app, settings)
-    errors.init_app(app, settings, on_chat_error=ctx.metrics.refused)
+    errors.init_app(app, settings)
     if start_service:
         ctx.start()
     return app

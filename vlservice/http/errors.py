@@ -23,15 +23,14 @@ def error_response(exc: APIError) -> Response:
                     headers=headers)
 
 
-def init_app(app: Flask, settings: Settings, on_chat_error=None) -> None:
-    """`on_chat_error(status)`: called for errors answered on the chat endpoint (the metrics)."""
+def init_app(app: Flask, settings: Settings) -> None:
+    """Error handlers only write the answer; the metrics count a chat request by the status its
+    response ends with (vlservice/http/openai.py), so an error is never counted here as well."""
 
     @app.errorhandler(APIError)
     def api_error(exc: APIError):
         if exc.status >= 500 and not isinstance(exc, EngineError):
             log.info("refused: %s", exc.message)
-        if on_chat_error is not None and request.path.startswith("/v1/chat/completions"):
-            on_chat_error(exc.status)
         return error_response(exc)
 
     @app.errorhandler(RequestEntityTooLarge)

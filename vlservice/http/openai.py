@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import time
 
-from flask import Blueprint, Response, request
+from flask import Blueprint, Response, g, request
 
-from .context import current
-from ..errors import APIError, InvalidRequest, NotFound
+from ..errors import InvalidRequest, NotFound
 from ..protocol import parse_chat
+from .context import current
+from .disconnect import cancel_on_disconnect, watch_stream
 
 bp = Blueprint("api", __name__)
 
@@ -39,9 +40,23 @@ def cancel(request_id: str):
     return {"id": request_id, "object": "chat.completion.cancel", "cancelled": True}
 
 
+@bp.after_app_request
+def _count_chat(response: Response) -> Response:
+    """Counts a chat request once, by the status its answer ends with: here a JSON answer or an
+    error (raised in the route, or before it ran: a refused API key); a stream counts itself when
+    it ends. The cancel and models endpoints are not chat requests."""
+    if request.endpoint != f"{bp.name}.chat_completions" or request.method != "POST":
+        return response
+    record = g.pop("chat_record", None) or current().metrics.chat_started()
+    if not response.is_streamed:
+        record.finish(response.status_code)
+    return response
+
+
 @bp.post("/v1/chat/completions")
 def chat_completions():
     ctx = current()
+    record = g.chat_record = ctx.metrics.chat_started()
     body = request.get_json(silent=True)
     if body is None:
         raise InvalidRequest("the request body must be valid JSON (Content-Type: application/json)",
@@ -51,18 +66,17 @@ def chat_completions():
     req.priority = priority if priority in ("interactive", "default", "batch") else "default"
     t0 = time.perf_counter()
     gen = ctx.service.submit(req)
-    ctx.metrics.request_started()
     model = ctx.service.model_name
     headers = {"X-Request-Id": gen.id, "X-Queue-Position": str(gen.work["queue_position"])}
     if opts["stream"]:
-        return Response(_sse(gen, model, opts["include_usage"], ctx, t0), mimetype="text/event-stream",
-                        headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    try:
-        result = gen.result()
-    except APIError as exc:
-        ctx.metrics.request_finished(exc.status, None)
-        raise
-    ctx.metrics.request_finished(200, result)
+        sse = _sse(gen, model, opts["include_usage"], record, t0)
+        response = Response(watch_stream(gen, request.environ, sse),
+                            mimetype="text/event-stream",
+                            headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        response.call_on_close(lambda: _stream_closed(gen, record))
+        return response
+    with cancel_on_disconnect(gen, request.environ):
+        result = record.result = gen.result()
     body = {
         "id": gen.id, "object": "chat.completion", "created": gen.created, "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": result["text"]},
@@ -81,33 +95,34 @@ def _chunk(gen, model, delta=None, finish=None, **extra) -> str:
     return "data: " + json.dumps(body, ensure_ascii=False) + "\n\n"
 
 
-def _sse(gen, model, include_usage, ctx, t0):
-    """The SSE body. Closing this generator (the client went away) cancels the generation."""
-    status = 499
-    try:
-        yield f": queued {gen.work['queue_position']}\n\n"  # headers reach the client now
-        yield _chunk(gen, model, {"role": "assistant", "content": ""})
-        for ev in gen.events(ping_every=PING_EVERY_S):
-            if ev is None:
-                yield ": ping\n\n"
-            elif ev.kind == "stage":
-                yield f": {ev.data.get('stage', 'working')}\n\n"
-            elif ev.kind == "delta":
-                yield _chunk(gen, model, {"content": ev.text})
-            elif ev.kind == "error":
-                status = ev.error.status
-                yield "data: " + json.dumps(ev.error.to_dict()) + "\n\n"
-                yield "data: [DONE]\n\n"
-                return
-            elif ev.kind == "done":
-                status = 200
-                ctx.metrics.request_finished(200, ev.data)
-                yield _chunk(gen, model, {}, ev.data["finish_reason"])
-                if include_usage:
-                    yield _chunk(gen, model, None, usage=ev.data["usage"], timings=ev.data["timings"])
-                yield "data: [DONE]\n\n"
-                return
-    finally:
-        gen.cancel()  # no-op when finished; frees the model when the client disconnected
-        if status != 200:
-            ctx.metrics.request_finished(status, None)
+def _stream_closed(gen, record) -> None:
+    """A stream's response is closed (the WSGI server always does, however it ended, even before
+    the first chunk): a client gone before the last event leaves nobody to generate for."""
+    gen.cancel()  # no-op when finished
+    record.finish(499)  # no-op when the stream counted its end
+
+
+def _sse(gen, model, include_usage, record, t0):
+    """The SSE body. It counts its request at its last event, before the client can see it end."""
+    yield f": queued {gen.work['queue_position']}\n\n"  # headers reach the client now
+    yield _chunk(gen, model, {"role": "assistant", "content": ""})
+    for ev in gen.events(ping_every=PING_EVERY_S):
+        if ev is None:
+            yield ": ping\n\n"
+        elif ev.kind == "stage":
+            yield f": {ev.data.get('stage', 'working')}\n\n"
+        elif ev.kind == "delta":
+            yield _chunk(gen, model, {"content": ev.text})
+        elif ev.kind == "error":
+            record.finish(ev.error.status)
+            yield "data: " + json.dumps(ev.error.to_dict()) + "\n\n"
+            yield "data: [DONE]\n\n"
+            return
+        elif ev.kind == "done":
+            record.result = ev.data
+            record.finish(200)
+            yield _chunk(gen, model, {}, ev.data["finish_reason"])
+            if include_usage:
+                yield _chunk(gen, model, None, usage=ev.data["usage"], timings=ev.data["timings"])
+            yield "data: [DONE]\n\n"
+            return

@@ -1,11 +1,21 @@
 """Prometheus metrics (`/metrics`): requests by status, per-stage latency, tokens, cache, queue.
 
 `prometheus_client` with a registry per app, so tests can build several apps in one process.
+A chat request is counted through one `ChatRecord`: in flight from its start, counted by status
+exactly once when it ends, whichever of its possible ends comes first.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import threading
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 STAGES = ("queue_ms", "image_decode_ms", "preprocess_ms", "vision_encode_ms", "prompt_ms", "ttft_ms",
           "predicted_ms", "total_ms")
@@ -22,31 +32,50 @@ class Metrics:
                                buckets=BUCKETS, registry=r)
         self.tokens = Counter("vlservice_tokens", "Tokens processed", ["kind"], registry=r)
         self.cache = Counter("vlservice_vision_cache", "Vision feature cache lookups", ["result"], registry=r)
-        self.in_flight = Gauge("vlservice_requests_in_flight", "Requests accepted and not finished", registry=r)
+        self.in_flight = Gauge("vlservice_requests_in_flight", "Chat requests started and not yet answered", registry=r)
         queue = Gauge("vlservice_queue_depth", "Requests waiting for the model", registry=r)
         queue.set_function(lambda: service.lock.waiting)
         busy = Gauge("vlservice_model_busy", "1 while the model is working", registry=r)
         busy.set_function(lambda: int(service.lock.held))
 
-    def request_started(self) -> None:
-        self.in_flight.inc()
+    def chat_started(self) -> ChatRecord:
+        return ChatRecord(self)
 
-    def request_finished(self, status: int, result: dict | None) -> None:
-        self.in_flight.dec()
-        self.requests.labels(str(status)).inc()
-        if result:
-            t = result.get("timings", {})
-            for name in STAGES:
-                if name in t:
-                    self.stage.labels(name[:-3]).observe(t[name] / 1000.0)
-            usage = result.get("usage", {})
-            self.tokens.labels("prompt").inc(usage.get("prompt_tokens", 0))
-            self.tokens.labels("completion").inc(usage.get("completion_tokens", 0))
-            if t.get("image_tokens"):
-                self.cache.labels("hit" if t.get("vision_cache_hit") else "miss").inc()
-
-    def refused(self, status: int) -> None:
-        self.requests.labels(str(status)).inc()
+    def _observe(self, result: dict) -> None:
+        """Latency, tokens and cache use of a completed generation."""
+        t = result.get("timings", {})
+        for name in STAGES:
+            if name in t:
+                self.stage.labels(name[:-3]).observe(t[name] / 1000.0)
+        usage = result.get("usage", {})
+        self.tokens.labels("prompt").inc(usage.get("prompt_tokens", 0))
+        self.tokens.labels("completion").inc(usage.get("completion_tokens", 0))
+        if t.get("image_tokens"):
+            self.cache.labels("hit" if t.get("vision_cache_hit") else "miss").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ChatRecord:
+    """One chat request in the metrics. Several paths may try to end it (the stream's last event,
+    the stream being closed, the response hook); only the first `finish` counts, so every request
+    is counted once and leaves `in_flight` exactly once."""
+
+    def __init__(self, metrics: Metrics):
+        self._metrics = metrics
+        self._lock = threading.Lock()
+        self._open = True
+        self.result: dict | None = None  # a completed generation's usage and timings, when there is one
+        metrics.in_flight.inc()
+
+    def finish(self, status: int) -> None:
+        with self._lock:
+            if not self._open:
+                return
+            self._open = False
+        m = self._metrics
+        m.in_flight.dec()
+        m.requests.labels(str(status)).inc()
+        if self.result and status == 200:
+            m._observe(self.result)

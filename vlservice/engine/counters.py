@@ -1,0 +1,26 @@
+"""The service's counters (requests, completed, errors, cancelled, busy, tokens), safe to update from
+every thread at once.
+
+Callers' threads (submit: `requests`, `busy`) and generation threads (`completed`, `errors`, ...)
+bump them concurrently; a bare `dict[name] += 1` is a read-modify-write that loses counts when two
+threads interleave, so every change goes through one lock. `/api/stats` and the soak read a
+consistent snapshot.
+"""
+
+from __future__ import annotations
+
+import threading
+
+
+class Counters:
+    def __init__(self, *names: str):
+        self._values = dict.fromkeys(names, 0)
+        self._lock = threading.Lock()
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._values[name] += n
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._values)
