@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import statistics
 import tempfile
 import time
 
@@ -55,8 +56,9 @@ def main(argv=None) -> int:
                 print(f"| {i} | {rss:.0f} | {time.time() - t0:.0f} |", flush=True)
     late = [p for p in points if p[0] >= args.requests / 2]
     if len(late) >= 2:
-        slope = float(np.polyfit([p[0] for p in late], [p[1] for p in late], 1)[0]) * 1000
-        print(f"\nsecond half: {slope:+.1f} MiB per 1000 requests (malloc_trim {'on' if svc.settings.malloc_trim else 'off'})")
+        slope = statistics.linear_regression([p[0] for p in late], [p[1] for p in late]).slope * 1000
+        trim = "on" if svc.settings.malloc_trim else "off"
+        print(f"\nsecond half: {slope:+.1f} MiB per 1000 requests (malloc_trim {trim})")
     return 0
 
 

@@ -24,8 +24,8 @@ queue drained) and no growth trend (slope below `--max-rss-slope`, 5 MB/min by d
 only when there are at least 3 samples spanning a minute after the first minute, otherwise "not
 judged"). Exit code 0 on PASS, 1 on FAIL, 2 on bad usage or when the server cannot be reached.
 
-Uses only the standard library and `requests` when it is installed (urllib otherwise); numpy and
-OpenCV (dependencies of the service) draw the images. `/api/stats` describes one Gunicorn worker:
+HTTP goes through `requests` (a tool dependency: `pip install -r vlservice/tools/requirements.txt`);
+numpy and OpenCV (dependencies of the service) draw the images. `/api/stats` describes one Gunicorn worker:
 run the server with one worker for a meaningful memory trend.
 """
 
@@ -34,18 +34,15 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import math
 import random
+import statistics
 import sys
 import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-try:  # optional: the standard library does the same, a little more slowly
-    import requests as _requests
-except Exception:  # pragma: no cover - exercised when requests is missing
-    _requests = None
+import requests
 
 GOOD_KINDS = ("new_image", "repeat_image", "follow_up", "stream")
 CANCEL_KINDS = ("cancel_close", "cancel_api")
@@ -61,92 +58,41 @@ WARMUP_S = 60.0
 MB = 1024 * 1024
 
 
-# --------------------------------------------------------------------------- HTTP (requests or urllib)
+# --------------------------------------------------------------------------- HTTP
 
 class ConnectionFailed(Exception):
     pass
 
 
-class _Response:
-    """status, headers (lower-case keys), read(), lines(), close(): the same over both clients."""
-
-    def __init__(self, status: int, headers: dict, raw, kind: str):
-        self.status, self.headers, self._raw, self._kind = status, headers, raw, kind
-
-    def read(self) -> bytes:
-        try:
-            return self._raw.content if self._kind == "requests" else self._raw.read()
-        finally:
-            self.close()
-
-    def lines(self):
-        """The body line by line (bytes without the line end), as it arrives."""
-        if self._kind == "requests":
-            yield from self._raw.iter_lines(chunk_size=None)
-            return
-        while True:
-            line = self._raw.readline()
-            if not line:
-                return
-            yield line.rstrip(b"\r\n")
-
-    def close(self) -> None:
-        try:
-            self._raw.close()
-        except Exception:
-            pass
-
-
 class Http:
-    """One per thread (a requests Session is not shared between threads)."""
+    """A requests Session for one thread (sessions are not shared between threads); a request that
+    gets no answer raises ConnectionFailed."""
 
     def __init__(self, base: str, api_key: str = "", timeout: float = 180.0):
         self.base = base.rstrip("/")
         self.timeout = timeout
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.session = _requests.Session() if _requests is not None else None
+        self.session = requests.Session()
+        if api_key:
+            self.session.headers["Authorization"] = f"Bearer {api_key}"
 
     def request(self, method: str, path: str, body=None, *, raw: bytes | None = None, stream: bool = False,
-                timeout: float | None = None) -> _Response:
-        url = self.base + path
-        headers = dict(self.headers)
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-        elif raw is not None:
-            data = raw
-        if data is not None:
-            headers["Content-Type"] = "application/json"
-        timeout = timeout or self.timeout
-        if self.session is not None:
-            try:
-                r = self.session.request(method, url, data=data, headers=headers, stream=stream,
-                                         timeout=(10, timeout))
-            except _requests.RequestException as exc:
-                raise ConnectionFailed(f"{type(exc).__name__}: {exc}") from None
-            return _Response(r.status_code, {k.lower(): v for k, v in r.headers.items()}, r, "requests")
-        import urllib.error
-        import urllib.request
-
-        req = urllib.request.Request(url, data=data, headers=headers, method=method)
+                timeout: float | None = None) -> requests.Response:
+        data = json.dumps(body).encode() if body is not None else raw
+        headers = {"Content-Type": "application/json"} if data is not None else {}
         try:
-            r = urllib.request.urlopen(req, timeout=timeout)  # noqa: S310 - the URL the user gave
-        except urllib.error.HTTPError as exc:
-            return _Response(exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc, "urllib")
-        except (urllib.error.URLError, OSError) as exc:
+            return self.session.request(method, self.base + path, data=data, headers=headers, stream=stream,
+                                        timeout=(10, timeout or self.timeout))
+        except requests.RequestException as exc:
             raise ConnectionFailed(f"{type(exc).__name__}: {exc}") from None
-        return _Response(r.status, {k.lower(): v for k, v in r.headers.items()}, r, "urllib")
 
     def get_json(self, path: str, timeout: float = 10.0) -> dict:
         r = self.request("GET", path, timeout=timeout)
-        body = r.read()
-        if r.status != 200:
-            raise ConnectionFailed(f"GET {path}: HTTP {r.status}: {body[:200]!r}")
-        return json.loads(body)
+        if r.status_code != 200:
+            raise ConnectionFailed(f"GET {path}: HTTP {r.status_code}: {r.content[:200]!r}")
+        return json.loads(r.content)
 
     def close(self) -> None:
-        if self.session is not None:
-            self.session.close()
+        self.session.close()
 
 
 # --------------------------------------------------------------------------- images
@@ -202,26 +148,19 @@ class Tally:
             self.outcomes.append(o)
 
 
-def percentile(values: list, q: float):
-    if not values:
-        return None
-    v = sorted(values)
-    k = (len(v) - 1) * q
-    lo, hi = math.floor(k), math.ceil(k)
-    return round(v[lo] + (v[hi] - v[lo]) * (k - lo), 1)
+def percentile(values: list, q: int) -> float | None:
+    """The q-th percentile (linear between the closest ranks), to 0.1; None without values."""
+    if len(values) < 2:
+        return round(values[0], 1) if values else None
+    return round(statistics.quantiles(values, n=100, method="inclusive")[q - 1], 1)
 
 
 def slope_per_minute(points: list) -> float | None:
     """Least-squares slope of [(t_seconds, value)], per minute; None with fewer than 2 distinct times."""
-    if len(points) < 2:
+    try:
+        return statistics.linear_regression([t for t, _ in points], [v for _, v in points]).slope * 60.0
+    except statistics.StatisticsError:
         return None
-    n = len(points)
-    mt = sum(t for t, _ in points) / n
-    mv = sum(v for _, v in points) / n
-    var = sum((t - mt) ** 2 for t, _ in points)
-    if var == 0:
-        return None
-    return sum((t - mt) * (v - mv) for t, v in points) / var * 60.0
 
 
 def _balance(before: dict | None, after: dict | None) -> tuple[int, int]:
@@ -265,7 +204,7 @@ class Client(threading.Thread):
                 t0 = time.perf_counter()
                 try:
                     outcome = getattr(self, "do_" + kind)()
-                except ConnectionFailed as exc:
+                except (ConnectionFailed, requests.RequestException) as exc:  # no answer, or cut off mid-stream
                     outcome = Outcome(kind, "unexpected", "connection_error", 0.0, str(exc)[:300], lost=True)
                 except Exception as exc:  # a bug in the soak itself must not look like a server fault
                     outcome = Outcome(kind, "unexpected", "client_exception", 0.0,
@@ -284,8 +223,8 @@ class Client(threading.Thread):
     def _chat(self, kind: str, body: dict) -> tuple[Outcome, str | None]:
         """A non-streamed request with a valid body: (outcome, answer text)."""
         r = self.http.request("POST", "/v1/chat/completions", body)
-        raw = r.read()
-        if r.status == 200:
+        raw = r.content
+        if r.status_code == 200:
             try:
                 data = json.loads(raw)
                 text = data["choices"][0]["message"]["content"]
@@ -294,8 +233,8 @@ class Client(threading.Thread):
             except Exception as exc:
                 return Outcome(kind, "unexpected", "200 malformed", 0, f"{exc}: {raw[:200]!r}"), None
             return Outcome(kind, "ok", "200", 0), text
-        label = _error_label(r.status, raw)
-        if r.status in LOAD_REFUSALS:
+        label = _error_label(r.status_code, raw)
+        if r.status_code in LOAD_REFUSALS:
             return Outcome(kind, "refused", label, 0), None
         return Outcome(kind, "unexpected", label, 0, raw[:300].decode(errors="replace")), None
 
@@ -342,10 +281,10 @@ class Client(threading.Thread):
         body = self._body(msgs, max_tokens, stream=True, stream_options={"include_usage": True},
                           result_cache=False)
         r = self.http.request("POST", "/v1/chat/completions", body, stream=True)
-        if r.status != 200:
-            raw = r.read()
-            label = _error_label(r.status, raw)
-            if r.status in LOAD_REFUSALS:
+        if r.status_code != 200:
+            raw = r.content
+            label = _error_label(r.status_code, raw)
+            if r.status_code in LOAD_REFUSALS:
                 return Outcome(kind, "refused", label, 0)
             return Outcome(kind, "unexpected", label, 0, raw[:300].decode(errors="replace"))
         if not r.headers.get("content-type", "").startswith("text/event-stream"):
@@ -353,7 +292,7 @@ class Client(threading.Thread):
             return Outcome(kind, "unexpected", "200 not event-stream", 0, r.headers.get("content-type", ""))
         events, done, error, finish, req_id, cancel_status = 0, False, None, None, r.headers.get("x-request-id"), None
         try:
-            for line in r.lines():
+            for line in r.iter_lines(chunk_size=None):  # each line as it arrives
                 if not line.startswith(b"data: "):
                     continue  # comments (queued, ping, stages) and blank separators
                 payload = line[6:]
@@ -375,10 +314,9 @@ class Client(threading.Thread):
                     return Outcome(kind, "cancelled", "closed_by_client", 0)
                 if cancel_api and cancel_status is None and req_id:
                     c = self.http.request("POST", f"/v1/chat/completions/{req_id}/cancel", timeout=30)
-                    cancel_status = c.status
-                    c.read()
-                    if c.status not in (200, 404):  # 404: it had already finished
-                        return Outcome(kind, "unexpected", f"cancel {c.status}", 0)
+                    cancel_status = c.status_code
+                    if c.status_code not in (200, 404):  # 404: it had already finished
+                        return Outcome(kind, "unexpected", f"cancel {c.status_code}", 0)
         finally:
             r.close()
         if not done:
@@ -409,18 +347,18 @@ class Client(threading.Thread):
 
     def _bad(self, kind: str, body=None, raw: bytes | None = None) -> Outcome:
         r = self.http.request("POST", "/v1/chat/completions", body, raw=raw)
-        data = r.read()
-        label = _error_label(r.status, data)
-        if r.status == 400:
+        data = r.content
+        label = _error_label(r.status_code, data)
+        if r.status_code == 400:
             try:
                 err = json.loads(data)["error"]
                 assert {"message", "type", "param", "code"} <= set(err)
             except Exception:
                 return Outcome(kind, "unexpected", "400 malformed_error", 0, data[:200].decode(errors="replace"))
             return Outcome(kind, "refused", label, 0)
-        if r.status in LOAD_REFUSALS:
+        if r.status_code in LOAD_REFUSALS:
             return Outcome(kind, "refused", label, 0)
-        return Outcome(kind, "unexpected", label, 0, f"bad input answered {r.status}: {data[:200]!r}")
+        return Outcome(kind, "unexpected", label, 0, f"bad input answered {r.status_code}: {data[:200]!r}")
 
     def do_bad_base64(self) -> Outcome:
         return self._bad("bad_base64", self._body([image_message("data:image/png;base64,!!not*base64!!", "Hi")]))
@@ -536,7 +474,7 @@ class Soak:
                            "cancelled": sum(o.result == "cancelled" for o in mine),
                            "refused": sum(o.result == "refused" for o in mine),
                            "unexpected": sum(o.result == "unexpected" for o in mine),
-                           "p50_ms": percentile(lat, 0.5), "p95_ms": percentile(lat, 0.95)}
+                           "p50_ms": percentile(lat, 50), "p95_ms": percentile(lat, 95)}
         refusals, unexpected = defaultdict(int), defaultdict(int)
         for o in outcomes:
             if o.result == "refused":
