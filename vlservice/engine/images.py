@@ -8,7 +8,10 @@ beside the CPU torch we ship) and PIL is slow on large photos. This module repro
    grayscale to RGB, alpha flattened onto white (as `transformers`' `convert_to_rgb`);
 2. `smart_resize`: each side a multiple of patch_size*merge_size, pixels within [min, max];
 3. resize with PIL's antialiased bicubic, re-implemented in numpy with PIL's own fixed-point
-   arithmetic, so the resized uint8 image equals PIL's (see tests/test_images.py);
+   arithmetic, so the resized uint8 image equals PIL's bit for bit (see tests/unit/test_images.py).
+   OpenCV's bicubic is not PIL's (no antialiasing when shrinking), and this resize is the one
+   thing the server would need Pillow for: keeping it here is why the server needs no Pillow
+   (only the benchmark's baseline, the Hugging Face PIL processor, does: a tool dependency);
 4. rescale, normalise, patchify into the processor's flat `(patches, C*T*P*P)` layout.
 
 Limits are checked from the header, before any pixel is decoded (decompression bombs).
