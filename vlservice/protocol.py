@@ -47,7 +47,7 @@ def _number(body: dict, name: str, lo: float, hi: float, default, integer: bool 
 
 
 def parse_chat(body, settings: Settings, defaults: dict | None = None, fetch_remote=None) -> tuple[ChatRequest, dict]:
-    """(request, options) where options has `stream`, `include_usage`, `model`."""
+    """(request, options) where options has `stream`, `include_usage`, `include_stages`, `model`."""
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object", None, "invalid_json")
     defaults = defaults or {}
@@ -98,9 +98,9 @@ def parse_chat(body, settings: Settings, defaults: dict | None = None, fetch_rem
     so = {} if so is None else so
     if not isinstance(so, dict):
         raise _bad("`stream_options` must be an object", "stream_options", "invalid_type")
-    if not isinstance(so.get("include_usage", False), bool):
-        raise _bad("`stream_options.include_usage` must be a boolean", "stream_options.include_usage",
-                   "invalid_type")
+    for name in ("include_usage", "include_stages"):  # include_stages: our extension, the page's stage events
+        if not isinstance(so.get(name, False), bool):
+            raise _bad(f"`stream_options.{name}` must be a boolean", f"stream_options.{name}", "invalid_type")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad("`model` must be a string", "model", "invalid_type")
@@ -112,7 +112,8 @@ def parse_chat(body, settings: Settings, defaults: dict | None = None, fetch_rem
     if not isinstance(result_cache, bool):
         raise _bad("`result_cache` must be a boolean", "result_cache", "invalid_type")
     request = ChatRequest(messages=messages, sampling=sampling, result_cache=result_cache)
-    return request, {"stream": stream, "include_usage": bool(so.get("include_usage")), "model": model}
+    return request, {"stream": stream, "include_usage": bool(so.get("include_usage")),
+                     "include_stages": bool(so.get("include_stages")), "model": model}
 
 
 def _messages(raw, settings: Settings, fetch_remote) -> list:

@@ -31,6 +31,8 @@ from typing import Iterator, Sequence
 import cv2
 import numpy as np
 
+from .prompts import PROMPTS
+
 TASKS = ("describe", "color", "count", "position", "ocr")
 SHAPE_TASKS = ("describe", "color", "count", "position")
 TEXT_TASKS = ("ocr", "describe")
@@ -51,26 +53,6 @@ COLORS_ZH = {"red": "红色", "green": "绿色", "blue": "蓝色", "yellow": "�
              "purple": "紫色", "orange": "橙色", "black": "黑色", "white": "白色"}
 SHAPES_ZH = {"circle": "圆形", "square": "正方形", "triangle": "三角形", "star": "星形"}
 COUNT_WORDS = {"en": {1: "One", 2: "Two", 3: "Three"}, "zh": {1: "一个", 2: "两个", 3: "三个"}}
-
-# "describe" and "ocr" are the web page's preset buttons: keep them byte-exact.
-PROMPTS: dict[str, dict[str, str]] = {
-    "en": {
-        "describe": "Describe this image.",
-        "ocr": "Read all the text in this image.",
-        "count": "How many shapes are there?",
-        "color": "What color is the {shape}?",
-        "position_left": "Which shape is on the left?",
-        "position_right": "Which shape is on the right?",
-    },
-    "zh": {
-        "describe": "描述这张图片。",
-        "ocr": "读出图片中的所有文字。",
-        "count": "图中有几个图形？",
-        "color": "{shape}是什么颜色？",
-        "position_left": "最左边的是什么图形？",
-        "position_right": "最右边的是什么图形？",
-    },
-}
 
 WORDS = ("CAT", "DOG", "STOP", "OPEN", "EXIT", "SALE", "TAXI", "MILK", "BOOK", "FISH",
          "DOOR", "PARK", "BANK", "CAFE", "BUS", "SUN", "TREE", "PUSH", "PULL", "FREE")

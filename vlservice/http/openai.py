@@ -19,6 +19,7 @@ from .disconnect import cancel_on_disconnect, watch_stream
 bp = Blueprint("api", __name__)
 
 PING_EVERY_S = 2.0  # an SSE comment at least this often, so clients and proxies do not time out
+STAGE_EVENT = "vlservice.stage"  # the SSE event name of stages (queued, vision_encode, prefill)
 
 
 @bp.get("/v1/models")
@@ -69,7 +70,7 @@ def chat_completions():
     model = ctx.service.model_name
     headers = {"X-Request-Id": gen.id, "X-Queue-Position": str(gen.work["queue_position"])}
     if opts["stream"]:
-        sse = _sse(gen, model, opts["include_usage"], record, t0)
+        sse = _sse(gen, model, opts["include_usage"], record, t0, opts["include_stages"])
         response = Response(watch_stream(gen, request.environ, sse),
                             mimetype="text/event-stream",
                             headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -95,6 +96,16 @@ def _chunk(gen, model, delta=None, finish=None, **extra) -> str:
     return "data: " + json.dumps(body, ensure_ascii=False) + "\n\n"
 
 
+def _stage(stage: str, named: bool, **data) -> str:
+    """A stage as an SSE comment (proxies see traffic; OpenAI clients skip it) and, when the client
+    asked with `stream_options.include_stages`, also as a named event it can parse: plain OpenAI
+    clients would take any extra event for a chunk, so they never get one."""
+    comment = ": " + " ".join([stage, *map(str, data.values())]) + "\n\n"
+    if not named:
+        return comment
+    return comment + f"event: {STAGE_EVENT}\ndata: " + json.dumps({"stage": stage, **data}) + "\n\n"
+
+
 def _stream_closed(gen, record) -> None:
     """A stream's response is closed (the WSGI server always does, however it ended, even before
     the first chunk): a client gone before the last event leaves nobody to generate for."""
@@ -102,15 +113,16 @@ def _stream_closed(gen, record) -> None:
     record.finish(499)  # no-op when the stream counted its end
 
 
-def _sse(gen, model, include_usage, record, t0):
+def _sse(gen, model, include_usage, record, t0, include_stages=False):
     """The SSE body. It counts its request at its last event, before the client can see it end."""
-    yield f": queued {gen.work['queue_position']}\n\n"  # headers reach the client now
+    # the first bytes: headers reach the client now
+    yield _stage("queued", include_stages, position=gen.work["queue_position"])
     yield _chunk(gen, model, {"role": "assistant", "content": ""})
     for ev in gen.events(ping_every=PING_EVERY_S):
         if ev is None:
             yield ": ping\n\n"
         elif ev.kind == "stage":
-            yield f": {ev.data.get('stage', 'working')}\n\n"
+            yield _stage(ev.data["stage"], include_stages)
         elif ev.kind == "delta":
             yield _chunk(gen, model, {"content": ev.text})
         elif ev.kind == "error":

@@ -6,6 +6,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, current_app, render_template
 
 from .context import current
+from ..demo.prompts import presets
 from ..errors import NotReady
 
 bp = Blueprint("web", __name__)
@@ -29,6 +30,7 @@ def config():
         "default_max_tokens": s.default_max_tokens, "max_tokens_cap": s.max_tokens_cap,
         "api_key_required": bool(s.api_key), "max_image_bytes": s.max_image_bytes, "max_images": s.max_images,
         "vision_backend": s.vision_backend,
+        "presets": presets(),  # the demo model's own questions: the page's preset buttons
     }
 
 

@@ -1,0 +1,357 @@
+/* The image card: choose, drop or paste an image; the browser fixes its orientation (EXIF), scales it
+ * down to the server's pixel budget for the chosen detail, encodes it (JPEG, or PNG for small
+ * screenshots) and estimates its image tokens the way the model's processor counts them.
+ *
+ * Uploading the downscaled image instead of the original saves bandwidth and the server's decode
+ * time; the server would shrink it to the same budget anyway.
+ */
+
+import { config } from "./api.js";
+import { tr, onLanguage } from "./strings.js";
+import { $, el, fmtMs, isNum } from "./util.js";
+
+let image = null; // {source, srcW, srcH, isPng, fileSize, dataUrl, w, h, bytes, mime, detail, tokens}
+let imageJob = 0; // increments to discard stale async image work
+const dom = {};
+
+/** The image to send, as {url, detail}, or null. */
+export function currentImage() {
+  return image && image.dataUrl ? { url: image.dataUrl, detail: image.detail } : null;
+}
+
+function maxPixelsFor(detail) {
+  const table = (config && config.detail_max_pixels) || {};
+  return Number(table[detail]) || Number(table.auto) || 786432;
+}
+
+// Python's round(): half to even (what Qwen's smart_resize uses).
+function roundHalfEven(x) {
+  const r = Math.round(x);
+  return Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
+}
+
+/** Target size so that w*h <= budget (aspect ratio kept). */
+export function fitToBudget(w, h, budget) {
+  if (w * h <= budget) return { w, h };
+  const scale = Math.sqrt(budget / (w * h));
+  let nw = Math.max(1, Math.floor(w * scale));
+  let nh = Math.max(1, Math.floor(h * scale));
+  while (nw * nh > budget && (nw > 1 || nh > 1)) {
+    if (nw >= nh) nw--; else nh--;
+  }
+  return { w: nw, h: nh };
+}
+
+/**
+ * Qwen-style smart resize: each side rounded to a multiple of the factor, then kept within the
+ * pixel budget (and above min_pixels). Returns the token count ceil(h/f)*ceil(w/f).
+ */
+export function estimateTokens(w, h, budget) {
+  const f = Number(config && config.token_factor) || 32;
+  let hb = Math.max(f, roundHalfEven(h / f) * f);
+  let wb = Math.max(f, roundHalfEven(w / f) * f);
+  if (hb * wb > budget) {
+    const beta = Math.sqrt((h * w) / budget);
+    hb = Math.max(f, Math.floor(h / beta / f) * f);
+    wb = Math.max(f, Math.floor(w / beta / f) * f);
+  }
+  const minPixels = Number(config && config.min_pixels);
+  if (minPixels && hb * wb < minPixels) {
+    const beta = Math.sqrt(minPixels / (h * w));
+    hb = Math.ceil((h * beta) / f) * f;
+    wb = Math.ceil((w * beta) / f) * f;
+  }
+  return Math.ceil(hb / f) * Math.ceil(wb / f);
+}
+
+async function decodeImage(file) {
+  if (typeof createImageBitmap === "function") {
+    try {
+      const bmp = await createImageBitmap(file, { imageOrientation: "from-image" });
+      return { source: bmp, w: bmp.width, h: bmp.height };
+    } catch (_) { /* fall back below */ }
+  }
+  const url = URL.createObjectURL(file);
+  try {
+    const img = new Image();
+    img.decoding = "async";
+    img.style.imageOrientation = "from-image";
+    img.src = url;
+    await img.decode();
+    return { source: img, w: img.naturalWidth, h: img.naturalHeight };
+  } finally {
+    URL.revokeObjectURL(url); // the decoded pixels stay usable for drawImage
+  }
+}
+
+function drawScaled(source, srcW, srcH, w, h, opaque) {
+  // Halve in steps for big reductions (better quality than one jump).
+  let cur = source;
+  let cw = srcW;
+  let ch = srcH;
+  while (cw / 2 >= w * 1.5 && ch / 2 >= h * 1.5) {
+    const nw = Math.max(w, Math.round(cw / 2));
+    const nh = Math.max(h, Math.round(ch / 2));
+    const step = document.createElement("canvas");
+    step.width = nw;
+    step.height = nh;
+    const sctx = step.getContext("2d");
+    sctx.imageSmoothingEnabled = true;
+    sctx.imageSmoothingQuality = "high";
+    sctx.drawImage(cur, 0, 0, nw, nh);
+    cur = step;
+    cw = nw;
+    ch = nh;
+  }
+  const canvas = document.createElement("canvas");
+  canvas.width = w;
+  canvas.height = h;
+  const ctx = canvas.getContext("2d");
+  if (opaque) {
+    ctx.fillStyle = "#ffffff";
+    ctx.fillRect(0, 0, w, h);
+  }
+  ctx.imageSmoothingEnabled = true;
+  ctx.imageSmoothingQuality = "high";
+  ctx.drawImage(cur, 0, 0, w, h);
+  return canvas;
+}
+
+function dataUrlBytes(url) {
+  const i = url.indexOf(",");
+  const pad = url.endsWith("==") ? 2 : url.endsWith("=") ? 1 : 0;
+  return Math.floor(((url.length - i - 1) * 3) / 4) - pad;
+}
+
+async function loadImageFile(file) {
+  if (!file) return;
+  hideImageError();
+  if (file.type && !file.type.startsWith("image/")) {
+    showImageError(tr("notAnImage"));
+    return;
+  }
+  const job = ++imageJob;
+  dom.tokenEstimate.textContent = tr("processing");
+  let decoded;
+  try {
+    decoded = await decodeImage(file);
+  } catch (_) {
+    if (job === imageJob) {
+      showImageError(tr("decodeFailed"));
+      renderTokenEstimate();
+    }
+    return;
+  }
+  if (job !== imageJob) return;
+  if (!decoded.w || !decoded.h) {
+    showImageError(tr("decodeFailed"));
+    return;
+  }
+  releaseImage();
+  image = { source: decoded.source, srcW: decoded.w, srcH: decoded.h, isPng: file.type === "image/png", fileSize: file.size };
+  reencodeImage();
+}
+
+function releaseImage() {
+  if (image && image.source && typeof image.source.close === "function") {
+    try { image.source.close(); } catch (_) { /* already closed */ }
+  }
+  image = null;
+}
+
+/** Scale and encode the current image for the chosen detail (again after the config arrives). */
+export function reencodeImage() {
+  if (!image) return;
+  const detail = dom.detail.value;
+  const budget = maxPixelsFor(detail);
+  const { w, h } = fitToBudget(image.srcW, image.srcH, budget);
+  const maxBytes = Number(config && config.max_image_bytes) || 20 * 1024 * 1024;
+
+  let url = null;
+  let mime = "image/jpeg";
+  // Keep PNG (lossless, e.g. screenshots with text) when the source was a small PNG; otherwise
+  // JPEG quality 0.9.
+  const smallPng = image.isPng && image.fileSize <= 1024 * 1024 && w * h <= 1024 * 1024;
+  if (smallPng) {
+    const png = drawScaled(image.source, image.srcW, image.srcH, w, h, false).toDataURL("image/png");
+    if (png.startsWith("data:image/png") && dataUrlBytes(png) <= Math.min(maxBytes, 2 * 1024 * 1024)) {
+      url = png;
+      mime = "image/png";
+    }
+  }
+  if (!url) {
+    const c = drawScaled(image.source, image.srcW, image.srcH, w, h, true);
+    for (const q of [0.9, 0.8, 0.7, 0.5]) {
+      url = c.toDataURL("image/jpeg", q);
+      if (dataUrlBytes(url) <= maxBytes) break;
+    }
+    if (dataUrlBytes(url) > maxBytes) {
+      showImageError(tr("imageTooLarge"));
+      url = null;
+    }
+  }
+  if (!url) {
+    releaseImage();
+    renderImage();
+    return;
+  }
+  Object.assign(image, { dataUrl: url, mime, w, h, bytes: dataUrlBytes(url), detail, tokens: estimateTokens(w, h, budget) });
+  renderImage();
+}
+
+function renderImage() {
+  const has = !!(image && image.dataUrl);
+  if (has) dom.preview.src = image.dataUrl;
+  else dom.preview.removeAttribute("src");
+  dom.preview.hidden = !has;
+  dom.dropText.hidden = has;
+  dom.dropZone.classList.toggle("has-image", has);
+  dom.removeImage.hidden = !has;
+  dom.changeImage.hidden = !has;
+  renderTokenEstimate();
+}
+
+function renderTokenEstimate() {
+  const box = dom.tokenEstimate;
+  box.textContent = "";
+  if (!image || !image.dataUrl) {
+    delete box.dataset.tokens;
+    box.append(el("span", "muted", tr("noImage")));
+    return;
+  }
+  box.dataset.tokens = String(image.tokens);
+  box.append(el("strong", "tokens", tr("tokensEstimate", image.tokens)));
+  const ms = config && config.encode_ms_per_token;
+  if (isNum(ms)) {
+    box.dataset.encodeMs = String(Math.round(image.tokens * ms));
+    box.append(document.createTextNode(" · "), el("span", "encode", tr("encodeEstimate", fmtMs(image.tokens * ms))));
+  } else {
+    delete box.dataset.encodeMs;
+  }
+  const fmt = image.mime === "image/png" ? "PNG" : "JPEG";
+  box.append(el("div", "muted small-text", tr("sentAs", image.w, image.h, Math.max(1, Math.round(image.bytes / 1024)), fmt)));
+}
+
+function removeImage() {
+  imageJob++;
+  releaseImage();
+  dom.fileInput.value = "";
+  hideImageError();
+  renderImage();
+}
+
+function showImageError(msg) {
+  dom.imageError.textContent = msg;
+  dom.imageError.hidden = false;
+}
+
+function hideImageError() {
+  dom.imageError.hidden = true;
+  dom.imageError.textContent = "";
+}
+
+function imageFromDataTransfer(dt) {
+  if (!dt) return null;
+  if (dt.files && dt.files.length) {
+    for (const f of dt.files) if (!f.type || f.type.startsWith("image/")) return f;
+    return dt.files[0];
+  }
+  for (const item of dt.items || []) {
+    if (item.kind === "file" && item.type.startsWith("image/")) return item.getAsFile();
+  }
+  return null;
+}
+
+function wireDragAndDrop() {
+  // The drop zone highlights; a drop anywhere is accepted so that a missed drop does not navigate
+  // away from the page.
+  let dragDepth = 0;
+  const hasFiles = (e) => e.dataTransfer && Array.from(e.dataTransfer.types || []).includes("Files");
+  const endDrag = () => {
+    dragDepth = 0;
+    dom.dropZone.classList.remove("dragging");
+  };
+  window.addEventListener("dragenter", (e) => {
+    if (!hasFiles(e)) return;
+    dragDepth++;
+    dom.dropZone.classList.add("dragging");
+  });
+  window.addEventListener("dragleave", () => {
+    dragDepth = Math.max(0, dragDepth - 1);
+    if (!dragDepth) dom.dropZone.classList.remove("dragging");
+  });
+  window.addEventListener("dragover", (e) => {
+    if (!hasFiles(e)) return;
+    e.preventDefault();
+    e.dataTransfer.dropEffect = "copy";
+  });
+  window.addEventListener("drop", (e) => {
+    endDrag();
+    const f = imageFromDataTransfer(e.dataTransfer);
+    if (!f && !hasFiles(e)) return;
+    e.preventDefault();
+    if (f) loadImageFile(f);
+  });
+  dom.dropZone.addEventListener("dragover", (e) => {
+    e.preventDefault();
+    if (e.dataTransfer) e.dataTransfer.dropEffect = "copy";
+  });
+  dom.dropZone.addEventListener("drop", (e) => {
+    e.preventDefault();
+    e.stopPropagation();
+    endDrag();
+    const f = imageFromDataTransfer(e.dataTransfer);
+    if (f) loadImageFile(f);
+  });
+}
+
+function wirePaste() {
+  // An image pasted anywhere is taken; pasting text into a text field stays a text paste.
+  document.addEventListener("paste", (e) => {
+    const dt = e.clipboardData;
+    if (!dt) return;
+    const target = e.target;
+    const inField = target && (target.tagName === "TEXTAREA" || target.tagName === "INPUT");
+    if (inField && (dt.getData("text/plain") || "").trim()) return;
+    let file = null;
+    for (const item of dt.items || []) {
+      if (item.kind === "file" && item.type.startsWith("image/")) {
+        file = item.getAsFile();
+        break;
+      }
+    }
+    if (!file && dt.files && dt.files.length && dt.files[0].type.startsWith("image/")) file = dt.files[0];
+    if (file) {
+      e.preventDefault();
+      loadImageFile(file);
+    }
+  });
+}
+
+export function initImages() {
+  Object.assign(dom, {
+    dropZone: $("#drop-zone"),
+    dropText: $("#drop-text"),
+    preview: $("#preview"),
+    fileInput: $("#file-input"),
+    chooseImage: $("#choose-image"),
+    changeImage: $("#change-image"),
+    removeImage: $("#remove-image"),
+    detail: $("#detail"),
+    tokenEstimate: $("#token-estimate"),
+    imageError: $("#image-error"),
+  });
+  dom.detail.value = "auto";
+  dom.chooseImage.addEventListener("click", () => dom.fileInput.click());
+  dom.changeImage.addEventListener("click", () => dom.fileInput.click());
+  dom.removeImage.addEventListener("click", removeImage);
+  dom.fileInput.addEventListener("change", () => {
+    const f = dom.fileInput.files && dom.fileInput.files[0];
+    if (f) loadImageFile(f);
+  });
+  dom.detail.addEventListener("change", reencodeImage);
+  wireDragAndDrop();
+  wirePaste();
+  onLanguage(renderTokenEstimate);
+  renderImage();
+}

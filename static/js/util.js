@@ -1,0 +1,35 @@
+/* Small DOM and formatting helpers shared by the page's modules.
+ *
+ * Model output and user input only ever reach the page as text (textContent, Text nodes), never as
+ * HTML: `el` is the one way the modules make elements with text in them.
+ */
+
+export const $ = (sel) => document.querySelector(sel);
+
+export function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  return node;
+}
+
+export const isNum = (v) => typeof v === "number" && Number.isFinite(v);
+
+export function fmtMs(ms) {
+  if (!isNum(ms)) return "";
+  if (ms < 1000) return `${Math.round(ms)} ms`;
+  if (ms < 10000) return `${(ms / 1000).toFixed(2)} s`;
+  return `${(ms / 1000).toFixed(1)} s`;
+}
+
+// Storage can throw (private mode, disabled cookies): the page then simply does not remember.
+export function storageGet(storage, key) {
+  try { return window[storage].getItem(key); } catch (_) { return null; }
+}
+
+export function storageSet(storage, key, value) {
+  try {
+    if (value === null || value === "") window[storage].removeItem(key);
+    else window[storage].setItem(key, value);
+  } catch (_) { /* not remembered */ }
+}

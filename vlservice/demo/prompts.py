@@ -1,0 +1,37 @@
+"""The demo model's questions, in English and Chinese: the one list that both its training data
+(`vlservice.demo.data`) and the web page's preset buttons (`/api/config`) are built from.
+
+A module of its own so the server can read it without importing the training data's OpenCV code.
+The demo model was trained on these exact strings: a preset that differs by one character is a
+question it has never seen, so they stay byte-exact.
+"""
+
+from __future__ import annotations
+
+PROMPTS: dict[str, dict[str, str]] = {
+    "en": {
+        "describe": "Describe this image.",
+        "ocr": "Read all the text in this image.",
+        "count": "How many shapes are there?",
+        "color": "What color is the {shape}?",
+        "position_left": "Which shape is on the left?",
+        "position_right": "Which shape is on the right?",
+    },
+    "zh": {
+        "describe": "描述这张图片。",
+        "ocr": "读出图片中的所有文字。",
+        "count": "图中有几个图形？",
+        "color": "{shape}是什么颜色？",
+        "position_left": "最左边的是什么图形？",
+        "position_right": "最右边的是什么图形？",
+    },
+}
+
+# The page's preset buttons, in order. Colour and position are left out: they only make sense about
+# the demo's own pictures of shapes, and a preset is offered for any image (with the real model too).
+PRESETS = ("describe", "ocr", "count")
+
+
+def presets() -> list[dict[str, str]]:
+    """The preset prompts per language, in button order: [{"name", "en", "zh"}, ...]."""
+    return [{"name": name, **{lang: PROMPTS[lang][name] for lang in PROMPTS}} for name in PRESETS]
