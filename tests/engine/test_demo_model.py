@@ -1,5 +1,6 @@
-"""The bundled demo model really answers: accuracy on held-out generated images (a seed training
-never saw), through every vision path, and real answers through the real server."""
+"""The bundled demo model really answers: accuracy on held-out generated images (seeds training
+never drew), through every vision path, and real answers through the real server. The targets are
+asserted on the report seed, which no decision looked at (`vlservice.demo.evaluate`)."""
 
 from __future__ import annotations
 
@@ -16,20 +17,22 @@ N_HELD_OUT = 160
 
 @pytest.fixture(scope="module")
 def evaluation(tmp_path_factory):
-    from vlservice.demo.evaluate import run
+    """The development seed's first images through every vision path (its floors were set on it)."""
+    from vlservice.demo.evaluate import DEV_SEED, run
     from vlservice.engine.checkpoints import bundled_demo_path
 
-    return run(bundled_demo_path(), N_HELD_OUT, seed=999, cache_dir=tmp_path_factory.mktemp("eval"), threads=2)
+    return run(bundled_demo_path(), N_HELD_OUT, seed=DEV_SEED, cache_dir=tmp_path_factory.mktemp("eval"),
+               threads=2)
 
 
 @pytest.fixture(scope="module")
 def readme_evaluation(tmp_path_factory):
-    """The README table's held-out set (n=500, seed 999), PyTorch vision path only (about 30 s)."""
-    from vlservice.demo.evaluate import run
+    """The README table's held-out set (n=500, the report seed), PyTorch vision path only (about 30 s)."""
+    from vlservice.demo.evaluate import REPORT_SEED, run
     from vlservice.engine.checkpoints import bundled_demo_path
 
-    return run(bundled_demo_path(), 500, seed=999, cache_dir=tmp_path_factory.mktemp("eval500"), threads=2,
-               backends=("torch",))
+    return run(bundled_demo_path(), 500, seed=REPORT_SEED, cache_dir=tmp_path_factory.mktemp("eval500"),
+               threads=2, backends=("torch",))
 
 
 @pytest.mark.slow
@@ -51,6 +54,8 @@ def test_demo_model_sees_and_every_vision_path_agrees(evaluation):
 
 @pytest.mark.slow
 def test_accuracy_targets(readme_evaluation):
+    # all met on the report seed (README: describe 92.3%, colour 94.4%, count 100%, position 98.5%,
+    # text of up to six characters 81.0%, one answer above its target)
     torch_acc = readme_evaluation["accuracy"]["torch"]
     for task in ("color", "count", "position", "describe"):  # colour, shape and count questions
         assert torch_acc[task] >= 0.90, (task, torch_acc[task])

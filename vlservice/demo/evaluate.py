@@ -1,11 +1,27 @@
 """Accuracy of the demo model on held-out generated images, per task and per vision path.
 
-`python -m vlservice eval-demo [--model DIR] [--n 200] [--seed 999]` answers the same held-out
-questions (a seed the training never used) greedily through the serving engine with the PyTorch
-vision encoder, ONNX fp32, ONNX INT8, and INT8 again through the feature cache (KV and result
-caches off, so every answer is computed), with `--llm-int8` also with the INT8 LLM, and prints a
-Markdown table of exact-match accuracy per task, plus how often onnx-fp32's answer equals
-PyTorch's. `--json` writes the numbers too.
+`python -m vlservice eval-demo [--model DIR] [--n 200] [--seed S]` answers the same held-out
+questions greedily through the serving engine with the PyTorch vision encoder, ONNX fp32, ONNX
+INT8, and INT8 again through the feature cache (KV and result caches off, so every answer is
+computed), with `--llm-int8` also with the INT8 LLM, and prints a Markdown table of exact-match
+accuracy per task, plus how often onnx-fp32's answer equals PyTorch's. `--json` writes the numbers.
+
+Two held-out seeds, because a number is only a fair estimate if nothing was chosen by looking at it:
+
+- DEV_SEED (999) is the development set. The recipe's decisions were made on it (the
+  continuations' `--focus` tasks were picked from its first 200 images, the aids were compared on
+  it), so its accuracy is optimistic. Use `--seed 999` while choosing anything.
+- REPORT_SEED (7919, the default) is the report set, picked after the recipe was fixed: the
+  README's table and the target test use it, and nothing is tuned on it.
+
+Neither is a training seed. Training draws every image from `np.random.default_rng(seed)` of its
+`--seed` (the shipped recipe: 0-4, recorded in its `training.json`), the held-out sets from
+`default_rng(999)` and `default_rng(7919)`; NumPy seeds each generator through `SeedSequence`, so
+the streams are independent and an image is shared only by an exact coincidence of every draw
+(size, colours, positions, noise, font scale). `train-demo` refuses these two seeds, and
+tests/unit/test_demo_seeds.py checks the report images against a prefix of every recorded training
+run. (The tokenizer's vocabulary comes from the question and answer texts of seed 12345; the texts
+are a small closed set that every split shares by design, the images are what is held out.)
 """
 
 from __future__ import annotations
@@ -19,6 +35,9 @@ from pathlib import Path
 from .data import TASKS, encode_png, iter_samples
 
 BACKENDS = ("torch", "onnx-fp32", "onnx-int8")
+DEV_SEED = 999  # decisions were made on it (see the docstring)
+REPORT_SEED = 7919  # the reported numbers; never used to choose anything
+HELD_OUT_SEEDS = (DEV_SEED, REPORT_SEED)
 
 
 # "ocr_short": the reading questions whose text has at most six characters (the target's scope).
@@ -38,9 +57,8 @@ def normalise(text: str) -> str:
 def run(model_dir: Path, n: int, seed: int, cache_dir: Path, threads: int = 0, backends=BACKENDS,
         llm_int8: bool = False) -> dict:
     from ..config import Settings
-    from ..engine.types import Sampling
-    from ..engine.types import ChatRequest, ImageInput, Message
     from ..engine.service import load_service
+    from ..engine.types import ChatRequest, ImageInput, Message, Sampling
 
     samples = list(iter_samples(seed, n))
     answers: dict[str, list[str]] = {}
@@ -103,7 +121,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m vlservice eval-demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=bundled_demo_path())
     ap.add_argument("--n", type=int, default=200)
-    ap.add_argument("--seed", type=int, default=999)
+    ap.add_argument("--seed", type=int, default=REPORT_SEED,
+                    help=f"held-out images: {REPORT_SEED} reports (default), {DEV_SEED} is for development decisions")
     ap.add_argument("--cache-dir", type=Path, default=None)
     ap.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS,
                     help="vision paths to measure (onnx-int8 also runs through the feature cache)")

@@ -1,6 +1,6 @@
 """Train the bundled demo model: a tiny Qwen3-VL that really answers about generated images.
 
-`python -m vlservice train-demo [--out DIR] [--steps N] [--seed S]` builds the real
+`python -m vlservice train-demo --out DIR [--steps N] [--seed S]` builds the real
 `Qwen3VLForConditionalGeneration` at a tiny size with a small closed Qwen vocabulary, trains it on
 `vlservice.demo.data` samples preprocessed by the serving path itself (`vlservice.engine.images`, so
 training and serving see identical pixels), and saves a normal checkpoint (safetensors,
@@ -10,6 +10,10 @@ encoder's output (a linear probe, not saved, predicts the shape, colour and char
 token from `data.label_maps`), and follow-up questions about the same image packed as later chat
 turns. `--init` continues a checkpoint, `--focus` draws half the samples from the weak tasks.
 A loss curve is written as a PNG beside it. Same seed, same data, same initial weights.
+
+`--out` has no default and the shipped model (`vlservice/assets/demo-model`) is written only with
+`--overwrite-bundled`: a trial run must not silently replace the model the server and the README's
+numbers are about. The held-out seeds of `evaluate` are refused as training seeds.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import argparse
 import json
 import logging
 import math
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -28,11 +34,11 @@ from .data import PROMPTS, TASKS, follow_ups, iter_samples, make_sample
 log = logging.getLogger(__name__)
 
 DEMO_SIZES = {
-    "text": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=32, tie_word_embeddings=True,
-                 rope_scaling={"mrope_interleaved": True, "mrope_section": [6, 5, 5], "rope_type": "default"}),
-    "vision": dict(depth=4, hidden_size=128, intermediate_size=384, num_heads=4, out_hidden_size=128,
-                   deepstack_visual_indexes=[1, 2, 3], num_position_embeddings=256),
+    "text": {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 32, "tie_word_embeddings": True,
+             "rope_scaling": {"mrope_interleaved": True, "mrope_section": [6, 5, 5], "rope_type": "default"}},
+    "vision": {"depth": 4, "hidden_size": 128, "intermediate_size": 384, "num_heads": 4, "out_hidden_size": 128,
+               "deepstack_visual_indexes": [1, 2, 3], "num_position_embeddings": 256},
 }
 # Small images: the demo's pictures are small, and a CPU demo should answer in well under a second.
 DEMO_PREPROCESSOR = {"size": {"shortest_edge": 128 * 128, "longest_edge": 320 * 320}}
@@ -137,6 +143,20 @@ class Batcher:
         return batch
 
 
+def training_stream(seed: int, batch_size: int, extra_turns: int = 2,
+                    focus: tuple[str, ...] = ()) -> Iterator[tuple[list, list]]:
+    """(samples, follow-up turns) of every training step, all drawn from one generator of ``seed``.
+
+    The only source of training images: a test replays it to check that held-out images are not
+    among them. With ``focus``, half the samples ask one of those tasks (the rest follow the usual mix).
+    """
+    rng = np.random.default_rng(seed)
+    while True:
+        samples = [make_sample(rng, focus[int(rng.integers(len(focus)))] if focus and rng.random() < 0.5 else None)
+                   for _ in range(batch_size)]
+        yield samples, [follow_ups(rng, s, extra_turns) for s in samples]
+
+
 def lr_at(step: int, total: int, peak: float, warmup: int = 100) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -172,7 +192,13 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
     from transformers import Qwen3VLForConditionalGeneration
 
     from ..engine import images as I
-    from ..tools.checkpoints import make_config, make_model, preprocessor_config, real_architecture, token_ids
+    from ..tools.checkpoints import (
+        make_config,
+        make_model,
+        preprocessor_config,
+        real_architecture,
+        token_ids,
+    )
     from ..tools.tokenizer import build_tokenizer
 
     torch.set_num_threads(threads)
@@ -203,16 +229,13 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
     no_decay = [p for n, p in params if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.98))
-    rng = np.random.default_rng(seed)
+    stream = training_stream(seed, batch_size, extra_turns, focus)
     losses, token_losses, t0 = [], [], time.time()
     bar = tqdm(range(steps), desc="train-demo", unit="step")
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup)
-        # with `focus`, half the samples ask one of those tasks (the rest follow the usual mix)
-        samples = [make_sample(rng, focus[int(rng.integers(len(focus)))] if focus and rng.random() < 0.5 else None)
-                   for _ in range(batch_size)]
-        batch = batcher(samples, [follow_ups(rng, s, extra_turns) for s in samples])
+        batch = batcher(*next(stream))
         targets = batch.pop("token_targets", None)
         loss = answer_loss = model(**batch).loss
         if targets is not None:
@@ -233,20 +256,37 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
                preprocessor=DEMO_PREPROCESSOR)
     previous = json.loads((init / "training.json").read_text()) if init and (init / "training.json").is_file() else None
     info = {"steps": steps, "seed": seed, "batch_size": batch_size, "lr": lr, "warmup": warmup,
-            "aux_weight": aux_weight, "extra_turns": extra_turns, "focus": list(focus), "minutes": (time.time() - t0) / 60,
-            "continued_from": previous,
+            "aux_weight": aux_weight, "extra_turns": extra_turns, "focus": list(focus),
+            "minutes": (time.time() - t0) / 60, "continued_from": previous,
             "first_loss": float(np.mean(losses[:5])), "final_loss": float(np.mean(losses[-100:])),
-            "final_token_loss": float(np.mean(token_losses[-100:])) if token_losses else None, "params": sum(p.numel() for p in model.parameters())}
+            "final_token_loss": float(np.mean(token_losses[-100:])) if token_losses else None,
+            "params": sum(p.numel() for p in model.parameters())}
     (out / "training.json").write_text(json.dumps(info, indent=2))
     plot_loss(losses, out / "loss.png")
     return info
 
 
-def main(argv=None) -> int:
+def refusal(out: Path, seed: int, overwrite_bundled: bool) -> str | None:
+    """Why this run must not start, or None: it would replace the shipped model without being asked
+    to, or train on the images of a held-out seed."""
     from ..engine.checkpoints import bundled_demo_path
+    from .evaluate import HELD_OUT_SEEDS
 
+    bundled = bundled_demo_path().resolve()
+    target = out.resolve()
+    if (target == bundled or bundled in target.parents) and not overwrite_bundled:
+        return (f"--out {out} is the bundled demo model ({bundled}); pass --overwrite-bundled to replace it, "
+                "or choose another directory")
+    if seed in HELD_OUT_SEEDS:
+        return f"--seed {seed} draws the held-out evaluation images (seeds {HELD_OUT_SEEDS}); choose another seed"
+    return None
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m vlservice train-demo", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=bundled_demo_path())
+    ap.add_argument("--out", type=Path, required=True, help="directory for the new checkpoint")
+    ap.add_argument("--overwrite-bundled", action="store_true",
+                    help="allow --out to be the bundled demo model (vlservice/assets/demo-model)")
     ap.add_argument("--steps", type=int, default=6500)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=16)
@@ -261,6 +301,10 @@ def main(argv=None) -> int:
     ap.add_argument("--focus", nargs="*", default=[], choices=TASKS,
                     help="draw half the samples from these tasks (for a continuation on the weak ones)")
     args = ap.parse_args(argv)
+    reason = refusal(args.out, args.seed, args.overwrite_bundled)
+    if reason:
+        print(f"error: {reason}", file=sys.stderr)
+        return 2
     from ..config import _physical_cores
 
     info = train(args.out, args.steps, args.seed, args.batch_size, args.lr, args.threads or _physical_cores(),
