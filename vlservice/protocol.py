@@ -1,24 +1,36 @@
-"""OpenAI Chat Completions JSON in, a typed `ChatRequest` out (or an `APIError` naming the field).
+"""The OpenAI Chat Completions contract, declared once: pydantic models of the request (with the
+bounds of the running `Settings`) and of the answers. `parse_chat` validates a request through
+them; `vlservice/http/openapi.py` generates the OpenAPI document from the same models, so the
+documentation cannot promise what the validator refuses, nor the reverse.
 
-One validator, run before any model work, with the abuse limits in `Settings`. Policy on
-parameters: the ones we implement are checked strictly (out of range is refused, never clamped);
-OpenAI parameters we do not implement are refused when they ask for something we cannot do
-(`n` > 1, `logprobs`, `tools`, `response_format` other than text) and ignored when they are
-neutral (`user`, `metadata`, `store`, `frequency_penalty`/`presence_penalty` of 0, ...); names
-that OpenAI does not define are ignored, as OpenAI's own API does for unknown body fields.
+Policy: the parameters we implement are checked strictly (JSON types as JSON Schema reads them:
+5.0 is an integer, "5" is not; out of range is refused, never clamped); OpenAI parameters we
+cannot honour are refused when they ask for something (`n` > 1, `logprobs`, `tools`, a
+`response_format` other than text) and accepted when they ask for nothing; names OpenAI does not
+define are ignored, as OpenAI's own API does.
+
+What the models cannot say in JSON Schema is checked in the request model's last step (at most
+`max_images` images in all, `min_tokens` <= `max_tokens`); what needs the bytes (a data URL's
+payload is an image of the type it declares, remote URLs) is checked while building the engine's
+`ChatRequest`. Every failure becomes an `InvalidRequest` naming the field (`param`, e.g.
+`messages[0].content[1].image_url`), the bound and the value given.
 """
-
-from __future__ import annotations
 
 import base64
 import binascii
 import re
+from functools import lru_cache
+from typing import Annotated, Any, Literal, Union
+
+from annotated_types import Ge, Gt, Le
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag,
+                      ValidationError, WithJsonSchema, field_validator, model_validator)
+from pydantic_core import PydanticCustomError
 
 from .config import Settings
-from .errors import APIError, InvalidImage, InvalidRequest
-from .engine.types import Sampling
 from .engine.images import probe
-from .engine.types import ChatRequest, ImageInput, Message
+from .engine.types import ChatRequest, ImageInput, Message, Sampling
+from .errors import APIError, ImageTooLarge, InvalidImage, InvalidRequest
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 DETAILS = ("low", "auto", "high")
@@ -26,152 +38,345 @@ MEDIA_TYPES = {"image/png": "png", "image/jpeg": "jpeg", "image/jpg": "jpeg", "i
                "image/bmp": "bmp", "image/x-ms-bmp": "bmp", "image/gif": "gif"}
 MAX_STOP = 4
 MAX_STOP_CHARS = 64
+INTEGERS = ("max_tokens", "max_completion_tokens", "min_tokens", "top_k", "seed", "n")
 _DATA_URL = re.compile(r"^data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[^;,]*)*)(?P<b64>;base64)?,",
                        re.IGNORECASE)
 
 
-def _bad(msg: str, param: str | None, code: str = "invalid_value") -> InvalidRequest:
-    return InvalidRequest(msg, param=param, code=code)
+# --------------------------------------------------------------------------- request
+
+class _In(BaseModel):
+    """A request object: JSON types exactly (no "5" for 5, no true for 1), unknown fields ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False,
+                              json_schema_extra={"additionalProperties": True})
 
 
-def _number(body: dict, name: str, lo: float, hi: float, default, integer: bool = False):
-    if name not in body or body[name] is None:
-        return default
-    value = body[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        kind = "an integer" if integer else "a number"
-        raise _bad(f"`{name}` must be {kind}, got {value!r}", name, "invalid_type")
-    if not lo <= value <= hi:
-        raise _bad(f"`{name}` must be between {lo} and {hi}, got {value}", name)
-    return value
+def _tagged(choose, error: str, *choices):
+    """A union that picks its member by looking at the value (`choose` returns a tag or None), so a
+    bad value gets one error, from the member it was meant to be, with its path (`error` otherwise)."""
+    return Annotated[Union[tuple(Annotated[t, Tag(tag)] for tag, t in choices)],
+                     Discriminator(choose, custom_error_type=error, custom_error_message=error)]
 
+
+class TextPart(_In):
+    type: Literal["text"]
+    text: str
+
+
+class ImageURL(_In):
+    url: str = Field(description="the image as a data URL, `data:image/<png|jpeg|webp|bmp|gif>;base64,<payload>` "
+                                 "(the declared type must match the data), or an https URL when the server "
+                                 "allows remote images (VL_REMOTE_IMAGES)")
+    detail: Literal["low", "auto", "high"] | None = Field(
+        None, description="resolution budget (see /api/config `detail_max_pixels`); null means auto")
+
+
+class ImagePart(_In):
+    type: Literal["image_url"]
+    image_url: _tagged(lambda v: "ImageURL" if isinstance(v, dict) else "URL" if isinstance(v, str) else None,
+                       "image_url_type", ("ImageURL", ImageURL), ("URL", str)) = Field(
+        description="an object with `url`, or the URL itself as a string")
+
+
+def _part_tag(v):
+    if isinstance(v, dict) and isinstance(v.get("type"), str):
+        return {"text": "TextPart", "image_url": "ImagePart"}.get(v["type"])
+
+
+def _text_only(v):
+    """A part of a system or assistant message: text only (images go in user messages)."""
+    if not (isinstance(v, dict) and v.get("type") == "text"):
+        raise PydanticCustomError("text_part_type", "text_part_type")
+    return v
+
+
+def _content_tag(v):
+    return "Text" if isinstance(v, str) else "Parts" if isinstance(v, list) else None
+
+
+UserContent = _tagged(_content_tag, "content_type", ("Text", str), ("Parts", list[_tagged(
+    _part_tag, "part_type", ("TextPart", TextPart), ("ImagePart", ImagePart))]))
+TextContent = _tagged(_content_tag, "content_type", ("Text", str),
+                      ("Parts", list[Annotated[TextPart, BeforeValidator(_text_only)]]))
+
+
+class SystemMessage(_In):
+    role: Literal["system", "developer"]
+    content: TextContent
+
+
+class UserMessage(_In):
+    role: Literal["user"]
+    content: UserContent = Field(description="text, or text and image parts in order")
+
+
+class AssistantMessage(_In):
+    role: Literal["assistant"]
+    content: TextContent | None = Field(None, description="null or missing: an empty message")
+
+
+def _role_tag(v):
+    if isinstance(v, dict) and isinstance(v.get("role"), str):
+        return {"system": "SystemMessage", "developer": "SystemMessage", "user": "UserMessage",
+                "assistant": "AssistantMessage"}.get(v["role"])
+
+
+ChatMessage = _tagged(_role_tag, "message_role", ("SystemMessage", SystemMessage), ("UserMessage", UserMessage),
+                      ("AssistantMessage", AssistantMessage))
+
+Stop = _tagged(lambda v: "One" if isinstance(v, str) else "Many" if isinstance(v, list) else None, "stop_type",
+               ("One", Annotated[str, Field(max_length=MAX_STOP_CHARS)]),
+               ("Many", Annotated[list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOP)]))
+
+
+class StreamOptions(_In):
+    include_usage: bool = Field(False, description="one last chunk with empty `choices`, `usage` and `timings`")
+    include_stages: bool = Field(False, description=(
+        "extension: stages (queued, vision_encode, prefill) also as `event: vlservice.stage` events"))
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["text"]
+
+
+def _unsupported(name: str, what: str):
+    """An OpenAI parameter we cannot honour: refused when it asks for something."""
+
+    def nothing_asked(value):
+        if value:
+            raise PydanticCustomError("unsupported_parameter", "`{name}` is not supported by this server",
+                                      {"param": name, "name": name})
+        return value
+
+    return Annotated[Any, AfterValidator(nothing_asked), WithJsonSchema({
+        "description": f"not supported ({what}): a value that asks for it is refused (`unsupported_parameter`); "
+                       "null, false, 0, \"\", [] and {} are accepted",
+        "anyOf": [{"type": "null"}, {"const": False}, {"const": 0}, {"const": ""},
+                  {"type": "array", "maxItems": 0}, {"type": "object", "maxProperties": 0}]})]
+
+
+def _num(lo, hi, description: str, *, gt: bool = False):
+    """An optional number in [lo, hi] (or (lo, hi] with `gt`)."""
+    return Field(None, gt=lo, le=hi, description=description) if gt else Field(None, ge=lo, le=hi,
+                                                                               description=description)
+
+
+@lru_cache(maxsize=16)
+def request_model(settings: Settings) -> type[BaseModel]:
+    """The request model with this server's bounds (built once per `Settings`)."""
+    cap, default_max, max_images = settings.max_tokens_cap, settings.default_max_tokens, settings.max_images
+
+    class ChatCompletionRequest(_In):
+        """OpenAI Chat Completions request. Fields this server does not know are ignored; the known
+        ones are validated strictly (400 naming the field, the bound and the value)."""
+
+        messages: list[ChatMessage] = Field(
+            min_length=1, description=f"the conversation: at least one user message; images in user messages only, "
+                                      f"at most {max_images} in all, each at most {settings.max_image_bytes} bytes "
+                                      f"and {settings.max_image_pixels} pixels; prompt plus max_tokens within "
+                                      f"{settings.max_context_tokens} tokens",
+            json_schema_extra={"contains": {"type": "object", "required": ["role"],
+                                            "properties": {"role": {"const": "user"}}}})
+        model: str | None = Field(None, description="accepted and ignored: this server serves one model")
+        max_tokens: int | None = _num(1, cap, f"answer length limit in tokens (default {default_max})")
+        max_completion_tokens: int | None = _num(1, cap, "same as max_tokens; takes precedence when present")
+        min_tokens: int | None = _num(0, cap, "the end-of-sequence token is forbidden before this many tokens; at "
+                                              "most max_tokens")
+        temperature: float | None = _num(0.0, 2.0, "0 = greedy; default: the model's generation config")
+        top_p: float | None = _num(0.0, 1.0, "nucleus sampling", gt=True)
+        top_k: int | None = _num(0, 1_000_000, "0 = off")
+        repetition_penalty: float | None = _num(0.01, 10.0, "1 = off; over prompt and answer (vLLM, llama.cpp)")
+        frequency_penalty: float | None = _num(-2.0, 2.0, "subtracted from a token's logit once per time the "
+                                                          "answer so far holds it")
+        presence_penalty: float | None = _num(-2.0, 2.0, "subtracted from the logit of every token the answer so "
+                                                         "far holds")
+        seed: int | None = _num(-(2**63), 2**63 - 1, "sampling seed")
+        stop: Stop | None = Field(None, description=f"up to {MAX_STOP} strings of at most {MAX_STOP_CHARS} "
+                                                    "characters; the answer ends before the first one")
+        stream: bool = Field(False, description="answer as server-sent events, ending with `data: [DONE]`")
+        stream_options: StreamOptions | None = None
+        result_cache: bool = Field(True, description="extension: false bypasses the cache of identical greedy "
+                                                     "requests")
+        n: int | None = Field(1, ge=1, le=1, description="only 1 is supported")
+        logprobs: _unsupported("logprobs", "log probabilities") = None
+        tools: _unsupported("tools", "tool calling") = None
+        functions: _unsupported("functions", "function calling") = None
+        audio: _unsupported("audio", "audio output") = None
+        response_format: ResponseFormat | None = Field(None, description="only {\"type\": \"text\"} is supported")
+
+        @model_validator(mode="before")
+        @classmethod
+        def _integral(cls, body):
+            """JSON Schema counts 5.0 as an integer, so the validator does too (5.5 stays refused)."""
+            if isinstance(body, dict):
+                return {k: int(v) if k in INTEGERS and isinstance(v, float) and v.is_integer() else v
+                        for k, v in body.items()}
+            return body
+
+        @field_validator("response_format", mode="wrap")
+        @classmethod
+        def _text_only(cls, value, handler):
+            try:
+                return handler(value)
+            except ValidationError:
+                raise PydanticCustomError("unsupported_parameter", "only `response_format` {\"type\": \"text\"} is "
+                                          "supported", {"param": "response_format"}) from None
+
+        @model_validator(mode="after")
+        def _across_fields(self):
+            if not any(m.role == "user" for m in self.messages):
+                raise PydanticCustomError("invalid_value", "`messages` must contain at least one user message",
+                                          {"param": "messages"})
+            images = [f"messages[{i}].content[{j}]" for i, m in enumerate(self.messages) if isinstance(m.content, list)
+                      for j, p in enumerate(m.content) if isinstance(p, ImagePart)]
+            if len(images) > max_images:
+                raise PydanticCustomError("too_many_images", f"at most {max_images} images per request, got "
+                                          f"{len(images)}", {"param": images[max_images]})
+            param = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+            limit = self.max_completion_tokens or self.max_tokens or default_max
+            if self.min_tokens is not None and self.min_tokens > limit:
+                raise PydanticCustomError("invalid_value", f"`min_tokens` must be between 0 and {param} ({limit}), "
+                                          f"got {self.min_tokens}", {"param": "min_tokens"})
+            return self
+
+    return ChatCompletionRequest
+
+
+# --------------------------------------------------------------------------- errors
+
+_KINDS = {"string_type": "a string", "int_type": "an integer", "float_type": "a number", "bool_type": "a boolean",
+          "list_type": "a list", "model_type": "an object", "dict_type": "an object", "missing": "present"}
+
+
+def _param(loc) -> str:
+    """('messages', 0, 'UserMessage', 'content', ...) -> 'messages[0].content...' (union tags dropped:
+    ours are CamelCase, field names never are)."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not part[:1].isupper():
+            out += ("." if out else "") + part
+    return out
+
+
+def _bounds(model, name: str) -> tuple:
+    lo = hi = None
+    strict_lo = False
+    for m in model.model_fields[name].metadata:
+        if isinstance(m, Ge):
+            lo = m.ge
+        elif isinstance(m, Gt):
+            lo, strict_lo = m.gt, True
+        elif isinstance(m, Le):
+            hi = m.le
+    return lo, hi, strict_lo
+
+
+def _explain(err: dict, model) -> tuple[str, str, str]:
+    """One pydantic error -> (message, param, code), in the words of the old hand-written validator."""
+    kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
+    p = _param(err["loc"])
+    if "param" in ctx:  # our own checks know their field and their words
+        return err["msg"], ctx["param"], kind
+    if kind == "message_role":
+        if not isinstance(value, dict):
+            return f"`{p}` must be an object", p, "invalid_type"
+        return (f"`{p}.role` must be one of system, developer, user, assistant, got {value.get('role')!r}",
+                f"{p}.role", "invalid_value")
+    if kind in ("part_type", "text_part_type"):
+        if not isinstance(value, dict):
+            return f"`{p}` must be an object", p, "invalid_type"
+        if value.get("type") == "image_url":
+            return f"images are accepted in user messages only (`{p}`)", p, "invalid_value"
+        allowed = '"text" or "image_url"' if kind == "part_type" else '"text"'
+        return f"`{p}.type` must be {allowed}, got {value.get('type')!r}", f"{p}.type", "invalid_value"
+    if kind == "content_type":
+        return f"`{p}` must be a string or a list of parts", p, "invalid_type"
+    if kind == "image_url_type":
+        return f"`{p}` must be an object with a string `url`, or the URL as a string", p, "invalid_type"
+    if kind == "stop_type":
+        return f"`{p}` must be a string or a list of strings, got {value!r}", p, "invalid_type"
+    if kind == "missing":
+        return f"`{p}` is required", p, "invalid_type"
+    if kind in _KINDS:
+        return f"`{p}` must be {_KINDS[kind]}, got {value!r}", p, "invalid_type"
+    if kind == "too_short" and ctx.get("min_length") == 1:
+        return f"`{p}` must be a non-empty list", p, "empty"
+    if kind == "too_long":
+        return f"`{p}` takes at most {ctx['max_length']} items, got {ctx.get('actual_length')}", p, "invalid_value"
+    if kind == "string_too_long":
+        return (f"`{p}` must be at most {ctx['max_length']} characters long, got {len(value)}", p,
+                "invalid_value")
+    if kind == "literal_error":
+        return f"`{p}` must be {ctx['expected']}, got {value!r}", p, "invalid_value"
+    if kind in ("greater_than_equal", "less_than_equal", "greater_than") and p in model.model_fields:
+        lo, hi, strict_lo = _bounds(model, p)
+        if lo == hi:
+            return f"`{p}` must be {lo}, got {value}", p, "invalid_value"
+        if strict_lo:
+            return f"`{p}` must be greater than {lo} and at most {hi}, got {value}", p, "invalid_value"
+        return f"`{p}` must be between {lo} and {hi}, got {value}", p, "invalid_value"
+    if kind == "finite_number":
+        return f"`{p}` must be a finite number, got {value}", p, "invalid_value"
+    return f"`{p}`: {err['msg']}", p, "invalid_value"
+
+
+# --------------------------------------------------------------------------- parse
 
 def parse_chat(body, settings: Settings, defaults: dict | None = None, fetch_remote=None) -> tuple[ChatRequest, dict]:
-    """(request, options) where options has `stream`, `include_usage`, `include_stages`, `model`."""
+    """(request, options) where options has `stream`, `include_usage`, `include_stages`, `model`.
+
+    `defaults`: the model's generation config (temperature, top_p, top_k, repetition_penalty) for
+    what the request leaves unset; `fetch_remote(url, param) -> bytes`, or None to refuse http(s)."""
     if not isinstance(body, dict):
-        raise _bad("the request body must be a JSON object", None, "invalid_json")
+        raise InvalidRequest("the request body must be a JSON object", param=None, code="invalid_json")
+    model = request_model(settings)
+    try:
+        r = model.model_validate(body)
+    except ValidationError as exc:
+        message, param, code = _explain(exc.errors(include_url=False)[0], model)
+        raise InvalidRequest(message, param=param or None, code=code) from None
     defaults = defaults or {}
-    n = body.get("n", 1)
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n != 1):
-        raise _bad(f"`n` must be 1 (one answer per request), got {n!r}", "n")
-    for name in ("logprobs", "tools", "functions", "audio"):
-        if body.get(name):
-            raise _bad(f"`{name}` is not supported by this server", name, "unsupported_parameter")
-    rf = body.get("response_format")
-    if rf not in (None, {"type": "text"}):
-        raise _bad("only `response_format` {\"type\": \"text\"} is supported", "response_format",
-                   "unsupported_parameter")
-    for name in ("frequency_penalty", "presence_penalty"):
-        _number(body, name, -2.0, 2.0, 0.0)
 
-    messages = _messages(body.get("messages"), settings, fetch_remote)
+    def pick(value, name, fallback):
+        return value if value is not None else defaults.get(name, fallback)
 
-    param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = body.get(param)
-    if max_tokens is None:
-        max_tokens = settings.default_max_tokens
-    elif isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
-        raise _bad(f"`{param}` must be an integer, got {max_tokens!r}", param, "invalid_type")
-    elif not 1 <= max_tokens <= settings.max_tokens_cap:
-        raise _bad(f"`{param}` must be between 1 and {settings.max_tokens_cap}, got {max_tokens}", param)
-    temperature = _number(body, "temperature", 0.0, 2.0, defaults.get("temperature", 0.0))
-    top_p = _number(body, "top_p", 0.0, 1.0, defaults.get("top_p", 1.0))
-    if top_p == 0.0:
-        raise _bad("`top_p` must be greater than 0, got 0", "top_p")
-    top_k = _number(body, "top_k", 0, 1_000_000, defaults.get("top_k", 0), integer=True)
-    rep = _number(body, "repetition_penalty", 0.01, 10.0, defaults.get("repetition_penalty", 1.0))
-    seed = _number(body, "seed", -(2**63), 2**63 - 1, None, integer=True)
-    min_tokens = _number(body, "min_tokens", 0, max_tokens, 0, integer=True)
-    stop = body.get("stop")
-    if stop is None:
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise _bad("`stop` must be a string or a list of strings", "stop", "invalid_type")
-    if len(stop) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stop):
-        raise _bad(f"`stop` takes at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters", "stop")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise _bad(f"`stream` must be a boolean, got {stream!r}", "stream", "invalid_type")
-    so = body.get("stream_options")
-    so = {} if so is None else so
-    if not isinstance(so, dict):
-        raise _bad("`stream_options` must be an object", "stream_options", "invalid_type")
-    for name in ("include_usage", "include_stages"):  # include_stages: our extension, the page's stage events
-        if not isinstance(so.get(name, False), bool):
-            raise _bad(f"`stream_options.{name}` must be a boolean", f"stream_options.{name}", "invalid_type")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise _bad("`model` must be a string", "model", "invalid_type")
-
-    sampling = Sampling(max_tokens=max_tokens, min_tokens=min_tokens, temperature=float(temperature),
-                        top_p=float(top_p), top_k=int(top_k), repetition_penalty=float(rep), seed=seed,
-                        stop=tuple(s for s in stop if s))
-    result_cache = body.get("result_cache", True)
-    if not isinstance(result_cache, bool):
-        raise _bad("`result_cache` must be a boolean", "result_cache", "invalid_type")
-    request = ChatRequest(messages=messages, sampling=sampling, result_cache=result_cache)
-    return request, {"stream": stream, "include_usage": bool(so.get("include_usage")),
-                     "include_stages": bool(so.get("include_stages")), "model": model}
+    max_tokens = r.max_completion_tokens or r.max_tokens or settings.default_max_tokens
+    stop = [r.stop] if isinstance(r.stop, str) else (r.stop or [])
+    sampling = Sampling(
+        max_tokens=max_tokens, min_tokens=r.min_tokens or 0, temperature=float(pick(r.temperature, "temperature", 0.0)),
+        top_p=float(pick(r.top_p, "top_p", 1.0)), top_k=int(pick(r.top_k, "top_k", 0)),
+        repetition_penalty=float(pick(r.repetition_penalty, "repetition_penalty", 1.0)),
+        frequency_penalty=r.frequency_penalty or 0.0, presence_penalty=r.presence_penalty or 0.0, seed=r.seed,
+        stop=tuple(s for s in stop if s))
+    messages = [Message(ROLES[m.role], _parts(m.content, f"messages[{i}]", settings, fetch_remote))
+                for i, m in enumerate(r.messages)]
+    so = r.stream_options or StreamOptions()
+    request = ChatRequest(messages=messages, sampling=sampling, result_cache=r.result_cache)
+    return request, {"stream": r.stream, "include_usage": so.include_usage, "include_stages": so.include_stages,
+                     "model": r.model}
 
 
-def _messages(raw, settings: Settings, fetch_remote) -> list:
-    if not isinstance(raw, list) or not raw:
-        raise _bad("`messages` must be a non-empty list", "messages", "invalid_type" if not isinstance(raw, list) else "empty")
-    out, images = [], 0
-    for i, m in enumerate(raw):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise _bad(f"`{where}` must be an object", where, "invalid_type")
-        role = m.get("role")
-        if not isinstance(role, str) or role not in ROLES:
-            raise _bad(f"`{where}.role` must be one of system, user, assistant, got {role!r}", f"{where}.role")
-        content = m.get("content")
-        if content is None and role == "assistant":
-            content = ""
-        parts = []
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):
-            for j, part in enumerate(content):
-                pw = f"{where}.content[{j}]"
-                if not isinstance(part, dict):
-                    raise _bad(f"`{pw}` must be an object", pw, "invalid_type")
-                kind = part.get("type")
-                if kind == "text":
-                    text = part.get("text")
-                    if not isinstance(text, str):
-                        raise _bad(f"`{pw}.text` must be a string", f"{pw}.text", "invalid_type")
-                    parts.append(text)
-                elif kind == "image_url":
-                    if ROLES[role] != "user":
-                        raise _bad(f"images are accepted in user messages only (`{pw}`)", pw)
-                    images += 1
-                    if images > settings.max_images:
-                        raise InvalidRequest(f"at most {settings.max_images} images per request", param=pw,
-                                             code="too_many_images")
-                    parts.append(_image(part.get("image_url"), f"{pw}.image_url", settings, fetch_remote))
-                else:
-                    raise _bad(f"`{pw}.type` must be \"text\" or \"image_url\", got {kind!r}", f"{pw}.type")
+def _parts(content, where: str, settings: Settings, fetch_remote) -> list:
+    if content is None:
+        return [""]
+    if isinstance(content, str):
+        return [content]
+    out = []
+    for j, part in enumerate(content):
+        if isinstance(part, TextPart):
+            out.append(part.text)
         else:
-            raise _bad(f"`{where}.content` must be a string or a list of parts", f"{where}.content", "invalid_type")
-        out.append(Message(ROLES[role], parts))
-    if not any(m.role == "user" for m in out):
-        raise _bad("`messages` must contain at least one user message", "messages")
+            out.append(_image(part.image_url, f"{where}.content[{j}].image_url", settings, fetch_remote))
     return out
 
 
 def _image(spec, param: str, settings: Settings, fetch_remote) -> ImageInput:
-    if isinstance(spec, str):
-        spec = {"url": spec}
-    if not isinstance(spec, dict) or not isinstance(spec.get("url"), str):
-        raise _bad(f"`{param}` must be an object with a string `url`", param, "invalid_type")
-    detail = spec.get("detail")
-    detail = "auto" if detail is None else detail
-    if not isinstance(detail, str) or detail not in DETAILS:
-        raise _bad(f"`{param}.detail` must be one of low, auto, high, got {detail!r}", f"{param}.detail")
-    url = spec["url"]
+    url, detail = (spec, None) if isinstance(spec, str) else (spec.url, spec.detail)
+    detail = detail or "auto"
     if url.startswith("data:"):
         return ImageInput(data=decode_data_url(url, param, settings.max_image_bytes), detail=detail, param=param)
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
@@ -195,8 +400,6 @@ def decode_data_url(url: str, param: str, max_bytes: int) -> bytes:
         raise InvalidImage(f"unsupported media type {declared!r}; send PNG, JPEG, WebP, BMP or GIF", param=param)
     payload = url[m.end():]
     if len(payload) > (max_bytes * 4) // 3 + 8:
-        from .errors import ImageTooLarge
-
         raise ImageTooLarge(f"the image is larger than the limit of {max_bytes} bytes", param=param)
     try:
         data = base64.b64decode(payload, validate=True)
@@ -212,3 +415,129 @@ def decode_data_url(url: str, param: str, max_bytes: int) -> bytes:
             raise InvalidImage(f"the data URL says {declared} but the data is {actual.upper()}", param=param,
                                code="invalid_image")
     return data
+
+
+# --------------------------------------------------------------------------- answers
+
+class _Out(BaseModel):
+    """An answer object: what the server writes (unknown fields may be added later)."""
+
+
+def _absent(**kw):
+    """An answer field that may be left out (no `default` in the schema: it is simply not required)."""
+    return Field(default=None, json_schema_extra=lambda s: s.pop("default", None), **kw)
+
+
+class Usage(_Out):
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+    total_tokens: int = Field(ge=0)
+
+
+class Timings(_Out):
+    """Where the time went, in milliseconds, with llama.cpp's names (`prompt_n`, `predicted_per_second`, ...)
+    and ours (`queue_ms`, `image_decode_ms`, `vision_encode_ms`, `ttft_ms`, ...); counts are integers,
+    `vision_cache_hit` and `result_cache_hit` booleans."""
+
+    model_config = ConfigDict(json_schema_extra={"additionalProperties": {"type": ["number", "boolean"]}})
+    queue_ms: float = Field(ge=0)
+    prompt_ms: float = Field(ge=0)
+    prompt_n: int = Field(ge=0)
+    cache_n: int = Field(ge=0)
+    predicted_ms: float = Field(ge=0)
+    predicted_n: int = Field(ge=0)
+    ttft_ms: float = Field(ge=0)
+    total_ms: float = Field(ge=0)
+
+
+FinishReason = Literal["stop", "length"]
+
+
+class AssistantReply(_Out):
+    role: Literal["assistant"]
+    content: str
+
+
+class Choice(_Out):
+    index: Literal[0]
+    message: AssistantReply
+    finish_reason: FinishReason
+    logprobs: None
+
+
+class ChatCompletion(_Out):
+    id: str = Field(pattern="^chatcmpl-")
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[Choice] = Field(min_length=1, max_length=1)
+    usage: Usage
+    timings: Timings
+    system_fingerprint: str = _absent()
+
+
+class Delta(_Out):
+    role: Literal["assistant"] = _absent()
+    content: str = _absent()
+
+
+class ChunkChoice(_Out):
+    index: Literal[0]
+    delta: Delta
+    finish_reason: FinishReason | None
+    logprobs: None
+
+
+class ChatCompletionChunk(_Out):
+    """One `data:` event of a streamed answer; the last one (with `stream_options.include_usage`) has
+    empty `choices`, `usage` and `timings`."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChunkChoice] = Field(max_length=1)
+    usage: Usage | None
+    timings: Timings = _absent()
+
+
+class ErrorDetail(_Out):
+    message: str = Field(description="what was wrong: the field, the bound, the value")
+    type: str = Field(examples=["invalid_request_error", "authentication_error", "unavailable_error", "server_error"])
+    param: str | None = Field(description="the request field at fault, e.g. `messages[0].content[1].image_url`")
+    code: str | None = Field(examples=[
+        "invalid_value", "invalid_type", "invalid_json", "empty", "unsupported_parameter", "invalid_image",
+        "image_too_large", "too_many_images", "context_length_exceeded", "request_too_large", "invalid_api_key",
+        "server_busy", "queue_timeout", "not_ready", "not_found", "cancelled"])
+
+
+class Error(_Out):
+    """Every error, with the status of the response."""
+
+    error: ErrorDetail
+
+
+class ChatCompletionCancel(_Out):
+    id: str
+    object: Literal["chat.completion.cancel"]
+    cancelled: Literal[True]
+
+
+class Model(_Out):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    input_modalities: list[str] = _absent()
+    output_modalities: list[str] = _absent()
+    max_context_length: int = _absent()
+    demo: bool = _absent()
+    notice: str = _absent()
+
+
+class ModelList(_Out):
+    object: Literal["list"]
+    data: list[Model]
+
+
+ANSWERS = (ChatCompletion, ChatCompletionChunk, Error, ChatCompletionCancel, ModelList)

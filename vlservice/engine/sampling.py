@@ -1,5 +1,5 @@
 """Choosing the next token: greedy, or temperature / top-k / top-p with a per-request seed;
-repetition penalty; tokens forbidden until `min_tokens`."""
+repetition, frequency and presence penalties; tokens forbidden until `min_tokens`."""
 
 from __future__ import annotations
 
@@ -11,23 +11,45 @@ from .types import Sampling
 
 
 class Sampler:
+    """One request's sampler. Every token it returns becomes the answer's next token (or ends the
+    answer), so it counts them itself: the frequency and presence penalties apply to the answer
+    only, as OpenAI and vLLM define them, while the repetition penalty covers `seen` (the prompt
+    and the answer, as vLLM and llama.cpp do)."""
+
     def __init__(self, sampling: Sampling):
         self.s = sampling
+        self.counts: dict[int, int] = {}  # token -> times in the answer so far
         self.gen = None
         if not sampling.greedy:
             self.gen = torch.Generator()
             self.gen.manual_seed(sampling.seed if sampling.seed is not None else torch.seed())
 
     def __call__(self, logits: torch.Tensor, seen: list[int], forbid: set | None = None) -> int:
+        token = self._choose(self._penalised(logits, seen, forbid))
+        self.counts[token] = self.counts.get(token, 0) + 1
+        return token
+
+    def _penalised(self, logits: torch.Tensor, seen: list[int], forbid: set | None) -> torch.Tensor:
         s = self.s
-        if s.repetition_penalty != 1.0 and seen:
+        repeat = s.repetition_penalty != 1.0 and seen
+        answer = (s.frequency_penalty or s.presence_penalty) and self.counts
+        if not (repeat or answer or forbid):
+            return logits
+        logits = logits.clone()  # the caller's logits may be kept (the prompt's, for the KV cache)
+        if repeat:
             idx = torch.tensor(sorted(set(seen)), dtype=torch.long)
             vals = logits[idx]
-            logits = logits.clone()
             logits[idx] = torch.where(vals > 0, vals / s.repetition_penalty, vals * s.repetition_penalty)
+        if answer:
+            idx = torch.tensor(list(self.counts), dtype=torch.long)
+            n = torch.tensor(list(self.counts.values()), dtype=logits.dtype)
+            logits[idx] -= s.frequency_penalty * n + s.presence_penalty
         if forbid:
-            logits = logits.clone()
             logits[list(forbid)] = -math.inf
+        return logits
+
+    def _choose(self, logits: torch.Tensor) -> int:
+        s = self.s
         if s.greedy:
             return int(torch.argmax(logits))
         logits = logits / s.temperature

@@ -18,13 +18,17 @@ class Sampling:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0
-    repetition_penalty: float = 1.0
+    repetition_penalty: float = 1.0  # over prompt and answer (vLLM, llama.cpp)
+    frequency_penalty: float = 0.0  # OpenAI's: per occurrence in the answer so far
+    presence_penalty: float = 0.0  # OpenAI's: once for any token the answer so far holds
     seed: int | None = None
     stop: tuple = ()
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        # Below this, dividing the logits by the temperature overflows to inf and sampling fails;
+        # vLLM treats such temperatures as greedy too (_SAMPLING_EPS).
+        return self.temperature < 1e-5
 
 
 

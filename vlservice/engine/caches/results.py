@@ -20,7 +20,8 @@ class ResultCache:
     @staticmethod
     def key(model_fp: str, backend: str, input_ids, image_keys, sampling) -> str:
         raw = repr((model_fp, backend, tuple(input_ids), tuple(image_keys), sampling.max_tokens, sampling.min_tokens,
-                    sampling.repetition_penalty, tuple(sampling.stop))).encode()
+                    sampling.repetition_penalty, sampling.frequency_penalty, sampling.presence_penalty,
+                    tuple(sampling.stop))).encode()
         return hashlib.blake2b(raw, digest_size=16).hexdigest()
 
     def get(self, key: str) -> dict | None:
