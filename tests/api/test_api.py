@@ -118,9 +118,14 @@ def test_cpu_history_moves_while_generating(server):
     assert max(during.values()) > 20.0  # and they show the model's threads at work
 
 
+def counters(server) -> dict:
+    return requests.get(server.url + "/api/stats", timeout=10).json()["counters"]
+
+
 def test_cancel_endpoint_and_disconnect_free_the_model(server):
     body = {"model": "demo", "messages": [{"role": "user", "content": "Tell a long story."}],
             "max_tokens": 500, "min_tokens": 500, "stream": True}
+    before = counters(server)
     # 1. the cancel endpoint
     with requests.post(server.url + "/v1/chat/completions", json=body, stream=True, timeout=60) as r:
         rid = r.headers["X-Request-Id"]
@@ -137,11 +142,17 @@ def test_cancel_endpoint_and_disconnect_free_the_model(server):
         if '"content"' in line and '"content": ""' not in line:
             break
     r.close()
-    t0 = time.time()
     quick = requests.post(server.url + "/v1/chat/completions",
-                          json={"model": "demo", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
-                          timeout=30)
-    assert quick.status_code == 200 and time.time() - t0 < 5
+                          json={"model": "demo", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                                "result_cache": False}, timeout=120)
+    assert quick.status_code == 200 and quick.json()["usage"]["completion_tokens"] >= 1
+    # both long requests were cancelled, neither ran its 500 tokens to the end: only `quick` completed
+    deadline = time.monotonic() + 30  # tells "never" from "a moment later"; measures no speed
+    while counters(server)["cancelled"] < before["cancelled"] + 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    after = counters(server)
+    assert after["cancelled"] == before["cancelled"] + 2
+    assert after["completed"] == before["completed"] + 1
     assert requests.post(f"{server.url}/v1/chat/completions/nope/cancel").status_code == 404
 
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 from flask import Blueprint, Response, current_app, render_template
 
 from .context import current
@@ -37,8 +39,9 @@ def config():
 @bp.get("/api/stats")
 def stats():
     ctx = current()
+    # pid: each Gunicorn worker has its own service, queue and counters; it says whose these are
     return {"cpu": ctx.sampler.snapshot(), "rss_bytes": ctx.sampler.rss_bytes(), **ctx.service.stats(),
-            "ready": ctx.service.ready, "model": ctx.service.model_name}
+            "ready": ctx.service.ready, "model": ctx.service.model_name, "pid": os.getpid()}
 
 
 @bp.get("/healthz")

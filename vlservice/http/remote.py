@@ -18,13 +18,24 @@ from urllib.parse import urlsplit
 from ..errors import ImageTooLarge, InvalidRequest
 
 
+def is_public(address: str) -> bool:
+    """A global address: never loopback, link-local, private, multicast or reserved."""
+    return ipaddress.ip_address(address.split("%")[0]).is_global
+
+
 class RemoteFetcher:
-    def __init__(self, settings, resolver=socket.getaddrinfo, context: ssl.SSLContext | None = None):
+    """The server builds it from settings alone. `resolver`, `context` (the trusted CAs) and
+    `address_allowed` exist so a test can fetch from its own HTTPS server on loopback; the defaults
+    (system DNS, the system's CAs, global addresses only) are the only ones production uses."""
+
+    def __init__(self, settings, resolver=socket.getaddrinfo, context: ssl.SSLContext | None = None,
+                 address_allowed=is_public):
         self.hosts = {h.strip().lower() for h in settings.remote_images.split(",") if h.strip()}
         self.timeout = settings.remote_image_timeout_s
         self.max_bytes = settings.max_image_bytes
         self.resolver = resolver
         self.context = context or ssl.create_default_context()
+        self.address_allowed = address_allowed
 
     def __call__(self, url: str, param: str) -> bytes:
         parts = urlsplit(url)
@@ -64,7 +75,7 @@ class RemoteFetcher:
         if not addresses:
             raise InvalidRequest(f"image host {host!r} does not resolve", param=param, code="image_fetch_failed")
         for a in addresses:
-            if not ipaddress.ip_address(a.split("%")[0]).is_global:
+            if not self.address_allowed(a):
                 raise InvalidRequest(f"image host {host!r} resolves to a non-public address", param=param,
                                      code="image_host_not_allowed")
         return addresses[0]

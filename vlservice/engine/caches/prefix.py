@@ -36,7 +36,9 @@ class Entry:
 
 
 def cache_bytes(cache) -> int:
-    total = 0
+    if hasattr(cache, "nbytes"):  # kv.SeqKV counts its own buffers (capacity included)
+        return int(cache.nbytes)
+    total = 0  # a transformers DynamicCache: its layers' key and value tensors
     for layer in getattr(cache, "layers", []):
         for name in ("keys", "values"):
             t = getattr(layer, name, None)
