@@ -42,6 +42,9 @@ PASSTHROUGH = {
     "soak": ("vlservice.tools.soak", "long-running load test (arguments go to vlservice.tools.soak)"),
 }
 
+# Commands with packages of their own (vlservice/tools/requirements.txt), checked before they run.
+TOOL_COMMANDS = (*PASSTHROUGH, "make-test-model")
+
 EXPORT_BACKENDS = ("onnx-int8", "onnx-fp32")
 NOISY_LOGGERS = ("onnx_ir", "onnxscript", "torch.onnx", "torch.export", "onnxruntime", "httpx", "urllib3",
                  "filelock")
@@ -424,6 +427,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     setup_logging()
+    if argv and argv[0] in TOOL_COMMANDS:  # before the tool is imported: one line, not a traceback
+        from .tools import unmet
+
+        message = unmet(argv[0])
+        if message:
+            print(message, file=sys.stderr)
+            return EXIT_USAGE
     if argv and argv[0] in PASSTHROUGH:  # everything after the name belongs to that command
         return run_passthrough(argv[0], argv[1:])
     parser = build_parser()
