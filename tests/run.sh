@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# Install everything the tests need on a fresh Debian machine, then run the whole suite.
+# Install everything the tests need on a fresh Debian machine, lint (ruff) and type-check (mypy,
+# the engine), then run the whole suite; any step that fails fails the run.
 # Usage: bash tests/run.sh [pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Chromium for the page's browser tests; jemalloc and tcmalloc for `bench --levers` (measured
-# against glibc's malloc).
+# Chromium for the page's browser tests, with a CJK font so the Chinese page renders in its
+# screenshots; jemalloc and tcmalloc for `bench --levers` (measured against glibc's malloc).
+# (`grep` without -q reads all of fc-list: an early exit could SIGPIPE it and, with pipefail,
+# reinstall every run.)
 if ! command -v chromium >/dev/null 2>&1 || ! ldconfig -p | grep -q libjemalloc.so.2 \
-    || ! ldconfig -p | grep -q libtcmalloc_minimal.so.4; then
+    || ! ldconfig -p | grep -q libtcmalloc_minimal.so.4 || ! fc-list 2>/dev/null | grep -i wqy >/dev/null; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq chromium libjemalloc2 libtcmalloc-minimal4 >/dev/null
+  $SUDO apt-get install -y -qq chromium fonts-wqy-zenhei libjemalloc2 libtcmalloc-minimal4 >/dev/null
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt -r tests/requirements.txt
+echo "---- lint: ruff ----"
+.venv/bin/ruff check .
+echo "---- types: mypy (the engine, settings and errors; see [tool.mypy] in pyproject.toml) ----"
+.venv/bin/mypy
 export HF_HUB_OFFLINE=1
 exec .venv/bin/python -m pytest "$@"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -87,7 +88,7 @@ class Settings:
     defer_start: bool = False
 
     @classmethod
-    def from_env(cls, env: dict | None = None, **overrides) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "Settings":
         """Settings from `env` (default: the process environment; empty values mean the default),
         then `overrides` (typed values), validated."""
         env = os.environ if env is None else env
@@ -154,8 +155,10 @@ class Settings:
         }[detail]
 
 
-def _parse(name: str, type_: str, raw: str):
-    """The value of field `name` (annotated `type_`) from its text; ValueError naming `VL_<NAME>`."""
+def _parse(name: str, type_: object, raw: str):
+    """The value of field `name` (annotated `type_`) from its text; ValueError naming `VL_<NAME>`.
+    `type_` is a dataclass field's `type`: the annotation's text ("int"), since this module's
+    annotations are postponed, which is what it is compared with."""
     var = "VL_" + name.upper()
     text = raw.strip()
     if type_ == "bool":

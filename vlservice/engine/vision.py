@@ -119,6 +119,10 @@ class OnnxVision:
         return VisionFeatures(embeds=outs[0], deepstack=list(outs[1:]))
 
 
+# What the service holds after `start()`: called per image, its `name` goes into the cache keys.
+Encoder = TorchVision | OnnxVision
+
+
 # --------------------------------------------------------------------------- export
 
 def fingerprint(model_dir: Path, extra: str = "") -> str:
@@ -242,7 +246,7 @@ def ensure_onnx(model_dir: Path, visual, cache_dir: Path, backend: str) -> tuple
     return path, stats
 
 
-def load_encoder(backend: str, model_dir: Path, visual, cache_dir: Path, threads: int):
+def load_encoder(backend: str, model_dir: Path, visual, cache_dir: Path, threads: int) -> tuple[Encoder, dict]:
     """The encoder for `backend` and its export statistics."""
     if backend == "torch":
         return TorchVision(visual), {"export_s": 0.0, "quantize_s": 0.0}

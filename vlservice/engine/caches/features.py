@@ -113,6 +113,7 @@ class FeatureCache:
 
     # ----------------------------------------------------------------- disk
     def _path(self, key: str) -> Path:
+        assert self.disk_dir is not None, "the disk tier's helpers run only when it is on"
         return self.disk_dir / key[:2] / f"{key}.npz"
 
     def _stamp_ns(self) -> int | None:
@@ -124,6 +125,7 @@ class FeatureCache:
     def _stamp(self) -> None:
         """Mark the folder as written by this process (a time of our own, read back as the
         filesystem stored it)."""
+        assert self.disk_dir is not None, "the disk tier's helpers run only when it is on"
         path = self.disk_dir / ".stamp"
         path.touch()
         now = time.time_ns()
@@ -143,11 +145,11 @@ class FeatureCache:
             except FileNotFoundError:  # another worker evicted it meanwhile
                 continue
             found.append((st.st_mtime, str(path), st.st_size))
-        for _, path, size in sorted(found):
+        for _, name, size in sorted(found):
             if size > self.disk_bytes:  # the budget was lowered since it was written
-                Path(path).unlink(missing_ok=True)
+                Path(name).unlink(missing_ok=True)
             else:
-                index[Path(path)] = size
+                index[Path(name)] = size
         return index
 
     def _disk_get(self, key: str) -> VisionFeatures | None:

@@ -18,8 +18,14 @@ import copy
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # no torch at import time
+    import torch
+
+    from ..kv import SeqKV
 
 
 MIN_REUSE = 32  # a shorter shared prefix (the chat template's first tokens) is not worth a copy
@@ -29,10 +35,10 @@ MIN_REUSE = 32  # a shorter shared prefix (the chat template's first tokens) is 
 class Entry:
     ids: np.ndarray  # token ids the cache holds, in order
     images: list  # [(start, end, key)] image runs inside `ids`
-    cache: object  # transformers DynamicCache
+    cache: SeqKV  # the scheduler's per-sequence KV cache
     nbytes: int = 0
     prompt_len: int = 0  # the prompt that started this entry, and the logits that followed it
-    prompt_logits: object = None
+    prompt_logits: torch.Tensor | None = None
 
 
 def cache_bytes(cache) -> int:

@@ -13,7 +13,7 @@ class ResultCache:
 
     def __init__(self, entries: int):
         self.capacity = entries
-        self._items = LRUCache(maxsize=entries)
+        self._items: LRUCache[str, dict] = LRUCache(maxsize=entries)
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
