@@ -254,10 +254,10 @@ def run_chat(service, request, stream_to=None) -> dict:
                         "usage": ev.data.get("usage", {}), "timings": ev.data.get("timings", {})}
         raise EngineError("generation ended without a result")
     finally:
-        # Let the worker thread finish before the interpreter exits: a process that exits while
-        # it is still winding down aborts ("terminate called without an active exception").
+        # Let the scheduler leave the model before the interpreter exits: a process that exits
+        # while a thread is inside torch aborts ("terminate called without an active exception").
         gen.cancel()
-        gen.thread.join(timeout=30)
+        service.close()
 
 
 def cmd_chat(args) -> int:

@@ -51,9 +51,12 @@ class Settings:
     cache_dir: str = field(default_factory=_default_cache_dir)
     vision_backend: str = "onnx-int8"
     llm_quant: str = ""  # "" (float32) or "int8" (opt-in; see vlservice/engine/quant.py)
+    llm_prepack: bool = True  # float32 LLM: weights reordered once for oneDNN (faster small-batch products)
     threads: int = 0  # 0 = physical cores / workers
     workers: int = 1  # Gunicorn worker processes (read here to split the cores between them)
-    queue_size: int = 8  # callers allowed to wait for the model (beyond the one running)
+    max_batch: int = 4  # requests decoded together, one forward pass per token for all (1: one at a time)
+    prefill_chunk: int = 64  # prompt tokens prefilled between two decode steps of the running requests
+    queue_size: int = 8  # callers allowed to wait for a slot (beyond the VL_MAX_BATCH running)
     queue_timeout_s: float = 120.0  # a queued request that waits longer gets a timeout error
     max_tokens_cap: int = 1024  # largest max_tokens a request may ask for
     default_max_tokens: int = 256

@@ -27,7 +27,7 @@ def test_bench_quick_writes_json_markdown_and_chart(tmp_path, cache_dir):
     for wl in ("photo", "document"):
         rows = report["summary"][wl]
         assert set(rows) == variants
-        for name, row in rows.items():
+        for _name, row in rows.items():
             assert row["total_ms"]["min"] <= row["total_ms"]["median"] <= row["total_ms"]["max"]
             assert row["total_ms"]["median"] > 0 and row["speedup_total"]["median"] > 0
         assert rows["baseline"]["speedup_total"]["median"] == 1.0
@@ -74,3 +74,26 @@ def test_bench_levers_measures_each_setting_in_its_own_process(tmp_path, cache_d
     g = report["grayscale"]
     assert g["colour"]["tokens"] == g["grayscale"]["tokens"] and g["grayscale"]["bytes"] < g["colour"]["bytes"]
     assert "answer vs default" in (out / "levers.md").read_text()
+
+
+def test_bench_concurrency_quick_runs_clients_through_the_real_server(tmp_path, cache_dir):
+    """`bench --concurrency`: N streaming clients against Gunicorn, VL_MAX_BATCH=1 beside batching,
+    every level answered, the CPU named, JSON/Markdown/chart written."""
+    out = tmp_path / "conc"
+    env = {**os.environ, "VL_CACHE_DIR": str(cache_dir), "VL_THREADS": "2", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "vlservice", "bench", "--concurrency", "1,3", "--quick", "--llm",
+                           "float32", "--tokens", "8", "--stagger", "0.05", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "concurrency.json").read_text())
+    assert report["cpu"]["model"] and report["cpu"]["threads"] == 2 and report["limits"]["bandwidth_gb_s"] > 0
+    assert set(report["runs"]) == {"float32 VL_MAX_BATCH=1", "float32 VL_MAX_BATCH=3"}
+    for run in report["runs"].values():
+        for n, row in run["levels"].items():
+            assert row["ok"] == int(n) and not row["errors"]
+            assert row["aggregate_tps"] > 0 and row["ttft_p50_s"] <= row["ttft_p95_s"]
+    scenario = report["scenarios"]["float32"]
+    assert scenario["lone_ttft_s"] > 0 and scenario["stream_max_gap_during_doc_s"] is not None
+    md = (out / "concurrency.md").read_text()
+    assert report["cpu"]["model"] in md and md.count("| float32 |") == 5
+    assert (out / "concurrency.png").stat().st_size > 1000

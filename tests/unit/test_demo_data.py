@@ -8,7 +8,8 @@ import cv2
 import numpy as np
 import pytest
 
-from vlservice.demo.data import CHARS, COLORS, LABEL_CLASSES, PROMPTS, SHAPES, TASKS, TEXT_MARGIN, Sample, encode_png, follow_ups, iter_samples, label_maps, make_sample
+from vlservice.demo.data import (CHARS, COLORS, LABEL_CLASSES, PROMPTS, SHAPES, TASKS, TEXT_MARGIN, Sample, encode_png,
+                                 follow_ups, iter_samples, label_maps, make_sample)
 
 COLORS_ZH = {"red": "红色", "green": "绿色", "blue": "蓝色", "yellow": "黄色",
              "purple": "紫色", "orange": "橙色", "black": "黑色", "white": "白色"}
@@ -229,7 +230,7 @@ def test_label_maps_mark_what_is_drawn(samples):
         background = s.image[0, 0].astype(int)
         if s.kind == "shapes":
             assert not maps[..., 2].any()
-            for shape, color, cx, cy, size in s.objects:  # the shape's centre carries its kind and colour
+            for shape, color, cx, cy, _size in s.objects:  # the shape's centre carries its kind and colour
                 assert tuple(maps[cy, cx, :2]) == (1 + SHAPES.index(shape), 1 + names.index(color))
                 inside = maps[..., 1] == 1 + names.index(color)
                 # labelled pixels are the shape's pixels (anti-aliased edges aside)
@@ -264,7 +265,7 @@ def test_token_targets_follow_the_encoder_token_order():
         np.testing.assert_allclose(t.sum(axis=1), len(LABEL_CLASSES), rtol=1e-5)
         gw = p.grid_thw[2] // 2
         sy, sx = p.size[0] / s.image.shape[0], p.size[1] / s.image.shape[1]
-        for shape, color, cx, cy, size in s.objects:
+        for shape, _color, cx, cy, _size in s.objects:
             row, col = int(cy * sy) // 32, int(cx * sx) // 32
             kinds = t[row * gw + col, :LABEL_CLASSES[0]]
             assert kinds[1 + SHAPES.index(shape)] == kinds[1:].max() > 0, (shape, kinds)

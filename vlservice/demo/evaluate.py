@@ -55,13 +55,21 @@ def normalise(text: str) -> str:
 
 
 def run(model_dir: Path, n: int, seed: int, cache_dir: Path, threads: int = 0, backends=BACKENDS,
-        llm_int8: bool = False) -> dict:
+        llm_int8: bool = False, batched: int = 0) -> dict:
+    """`batched` > 1: every question is also asked `batched` at a time (decoded together in one
+    batch) and the answers are compared with those given one at a time."""
     from ..config import Settings
     from ..engine.service import load_service
     from ..engine.types import ChatRequest, ImageInput, Message, Sampling
 
     samples = list(iter_samples(seed, n))
     answers: dict[str, list[str]] = {}
+    same_batched: dict[str, float] = {}
+
+    def ask(s):
+        return ChatRequest([Message("user", [ImageInput(encode_png(s.image)), s.question])],
+                           Sampling(max_tokens=48), result_cache=False)
+
     runs = [(b, {"vision_backend": b}) for b in backends]
     if llm_int8:
         runs.append(("onnx-int8+llm-int8", {"vision_backend": "onnx-int8", "llm_quant": "int8"}))
@@ -69,15 +77,21 @@ def run(model_dir: Path, n: int, seed: int, cache_dir: Path, threads: int = 0, b
         # KV and result caches off: every answer is computed; the "+cache" pass reads the image
         # features from the feature cache filled by the first pass.
         settings = Settings(model=str(model_dir), cache_dir=str(cache_dir), threads=threads, disk_cache_mb=0,
-                            kv_cache_mb=0, result_cache_entries=0, **overrides)
+                            kv_cache_mb=0, result_cache_entries=0, max_batch=max(batched, 1),
+                            queue_size=max(batched, 8), **overrides)
         svc = load_service(settings)
         for run_name in ([name, name + "+cache"] if name == "onnx-int8" else [name]):
             out = []
             for s in samples:
-                req = ChatRequest([Message("user", [ImageInput(encode_png(s.image)), s.question])],
-                                  Sampling(max_tokens=48), result_cache=False)
-                out.append(svc.chat(req)["text"])
+                out.append(svc.chat(ask(s))["text"])
             answers[run_name] = out
+            if batched > 1 and not run_name.endswith("+cache"):
+                together = []
+                for i in range(0, len(samples), batched):
+                    gens = [svc.submit(ask(s)) for s in samples[i:i + batched]]
+                    together += [g.result()["text"] for g in gens]
+                same_batched[run_name] = sum(a == b for a, b in zip(out, together)) / len(samples)
+        svc.close()
         del svc
     table: dict = {}
     for run_name, out in answers.items():
@@ -98,7 +112,7 @@ def run(model_dir: Path, n: int, seed: int, cache_dir: Path, threads: int = 0, b
     examples = [{"task": s.task, "lang": s.lang, "question": s.question, "expected": s.answer,
                  "answer": answers[list(answers)[-1]][i]} for i, s in enumerate(samples[:12])]
     return {"n": n, "seed": seed, "accuracy": table, "fp32_equals_torch": same, "counts": dict(counts),
-            "examples": examples}
+            "batched": batched, "batched_equals_alone": same_batched, "examples": examples}
 
 
 def markdown(result: dict) -> str:
@@ -109,6 +123,9 @@ def markdown(result: dict) -> str:
     for run_name, acc in result["accuracy"].items():
         lines.append(f"| {run_name} | " + " | ".join(f"{acc[t] * 100:.1f}%" for t in tasks)
                      + f" | {acc['all'] * 100:.1f}% |")
+    for run_name, same in result.get("batched_equals_alone", {}).items():
+        lines.append(f"\n{run_name}: answers asked {result['batched']} at a time identical to those asked alone: "
+                     f"{same * 100:.1f}%")
     if result["fp32_equals_torch"] is not None:
         lines.append(f"\nonnx-fp32 answers identical to PyTorch's: {result['fp32_equals_torch'] * 100:.1f}% "
                      f"of {result['n']} held-out images (seed {result['seed']}).")
@@ -128,10 +145,12 @@ def main(argv=None) -> int:
                     help="vision paths to measure (onnx-int8 also runs through the feature cache)")
     ap.add_argument("--llm-int8", action="store_true", help="also answer with the INT8 LLM (VL_LLM_QUANT=int8)")
     ap.add_argument("--json", type=Path, default=None, help="also write the numbers to this file")
+    ap.add_argument("--batched", type=int, default=0, metavar="N",
+                    help="also ask N questions at a time and report how often the answers equal those given alone")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         result = run(args.model, args.n, args.seed, args.cache_dir or Path(tmp), backends=args.backends,
-                     llm_int8=args.llm_int8)
+                     llm_int8=args.llm_int8, batched=args.batched)
     print(markdown(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, ensure_ascii=False))

@@ -39,6 +39,27 @@ class Decoder:
         mrope, delta = self.model.model.get_rope_index(ids, mm_token_type_ids=mm_types, image_grid_thw=grids)
         return torch.cat([text_pos, mrope], dim=0), int(delta.view(-1)[0])
 
+    def prefill_inputs(self, prompt: Prompt, features: list[VisionFeatures], start: int = 0):
+        """What the lean forward (`lm.LeanLM`) needs to prefill `prompt` from token `start`:
+        ((embeds (1, L, hidden) with the image features in place, M-RoPE positions (3, 1, L),
+        the image tokens' mask (1, L) or None, their deepstack features or None), SeqPos)."""
+        from .lm import SeqPos
+
+        all_pos, delta = self.positions(prompt)
+        with torch.inference_mode():
+            ids = torch.tensor([prompt.input_ids[start:]], dtype=torch.long)
+            embeds = self.embed(ids)
+            mask = deepstack = None
+            if features:
+                mask = ids == self.image_token_id
+                image_embeds = torch.from_numpy(_cat([f.embeds for f in features])).to(embeds.dtype)
+                if int(mask.sum()) != image_embeds.shape[0]:
+                    raise ValueError("image tokens and image features do not match")
+                embeds = embeds.masked_scatter(mask.unsqueeze(-1), image_embeds)
+                deepstack = [torch.from_numpy(_cat([f.deepstack[i] for f in features])).to(embeds.dtype)
+                             for i in range(len(features[0].deepstack))]
+        return (embeds, all_pos[1:, :, start:], mask, deepstack), SeqPos(next_pos=len(prompt), delta=delta)
+
     # ----------------------------------------------------------------- forward passes
     @torch.inference_mode()
     def prefill(self, prompt: Prompt, features: list[VisionFeatures], cache, start: int = 0):

@@ -21,12 +21,6 @@ class Generation:
         self.cancelled = threading.Event()
         self.queue: queue.Queue = queue.Queue()
         self.created = int(time.time())
-        self.thread = threading.Thread(target=service._run, args=(self,), name=f"gen-{self.id[-6:]}",
-                                       daemon=True)
-
-    def start(self) -> "Generation":
-        self.thread.start()
-        return self
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -41,9 +35,6 @@ class Generation:
                     yield None
                     continue
                 if ev.kind in ("done", "error"):
-                    # The worker is only releasing the lock now: wait for it, so that a process
-                    # exiting right after a request does not kill a thread inside torch.
-                    self.thread.join(timeout=10)
                     yield ev
                     return
                 yield ev

@@ -34,9 +34,17 @@ class Metrics:
         self.cache = Counter("vlservice_vision_cache", "Vision feature cache lookups", ["result"], registry=r)
         self.in_flight = Gauge("vlservice_requests_in_flight", "Chat requests started and not yet answered", registry=r)
         queue = Gauge("vlservice_queue_depth", "Requests waiting for the model", registry=r)
-        queue.set_function(lambda: service.lock.waiting)
+        queue.set_function(service.queue_depth)
         busy = Gauge("vlservice_model_busy", "1 while the model is working", registry=r)
-        busy.set_function(lambda: int(service.lock.held))
+        busy.set_function(lambda: int(service.running() > 0))
+        running = Gauge("vlservice_running_requests", "Requests holding a slot (encoding, prefilling or decoding)",
+                        registry=r)
+        running.set_function(service.running)
+        slots = Gauge("vlservice_slots", "Requests that can run at once (VL_MAX_BATCH)", registry=r)
+        slots.set(service.settings.max_batch)
+        self.batch = Histogram("vlservice_decode_batch_size", "Sequences in each batched decode step",
+                               buckets=(1, 2, 3, 4, 6, 8, 12, 16), registry=r)
+        service.step_listeners.append(self.batch.observe)
 
     def chat_started(self) -> ChatRecord:
         return ChatRecord(self)

@@ -29,6 +29,7 @@ import os
 import platform
 import resource
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -305,7 +306,8 @@ def markdown(report: dict) -> str:
         b = rows["baseline"]
         size = report["sizes"][wl]
         lines += [f"### {wl} ({size[1]}x{size[0]}, {b['prompt_n']} prompt tokens)", "",
-                  "| variant | decode img ms | preprocess ms | vision ms | prefill ms | first token s | decode tok/s | end-to-end s | first-token ratio | end-to-end ratio |",
+                  "| variant | decode img ms | preprocess ms | vision ms | prefill ms | first token s | decode tok/s "
+                  "| end-to-end s | first-token ratio | end-to-end ratio |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for name, r in rows.items():
             lines.append(
@@ -455,6 +457,11 @@ def extras_markdown(report: dict) -> str:
 def main(argv=None) -> int:
     from ..config import Settings
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--concurrency" or a.startswith("--concurrency=") for a in argv):
+        from . import concurrency  # several clients at once, through the real server
+
+        return concurrency.main(argv)
     ap = argparse.ArgumentParser(prog="python -m vlservice bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the same code on a tiny checkpoint, in well under a minute")
     ap.add_argument("--runs", type=int, default=3)
@@ -463,6 +470,9 @@ def main(argv=None) -> int:
     ap.add_argument("--render", action="store_true", help="only re-render bench.md/png from --out's bench.json")
     ap.add_argument("--extras", action="store_true",
                     help="only the INT8-LLM and identical-request checks (extras.md/json in --out)")
+    ap.add_argument("--concurrency", metavar="N,N,...",
+                    help="only several clients at once through the real server (concurrency.md/json/png in --out; "
+                         "see python -m vlservice.tools.concurrency --help)")
     ap.add_argument("--levers", action="store_true",
                     help="only the system settings (allocators, threads, affinity, grayscale): levers.md/json in --out")
     args = ap.parse_args(argv)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository: gunicorn.conf.py, wsgi.py
 
 
 def _free_port() -> int:
@@ -49,6 +49,8 @@ def measure(workers: int, timeout: float = 900) -> dict:
         deadline = time.time() + timeout
         ready = 0
         while time.time() < deadline and ready < workers * 3:  # several answers: every worker warmed
+            if proc.poll() is not None:
+                raise RuntimeError(f"gunicorn exited with code {proc.returncode} before it was ready")
             try:
                 with urllib.request.urlopen(url + "/readyz", timeout=5) as r:
                     ready += r.status == 200

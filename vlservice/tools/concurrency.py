@@ -1,0 +1,333 @@
+"""`python -m vlservice bench --concurrency 1,2,4,8`: several users at once, through the real server.
+
+For each LLM (float32 with prepacked weights, and the opt-in INT8) the real Gunicorn server is
+started on the real-size random-weight checkpoint twice: with `VL_MAX_BATCH=1` (one request at a
+time, the server before batching) and with `VL_MAX_BATCH` = the largest level. At each level N,
+N streaming clients start a few hundred milliseconds apart, each with a new photo and 64 forced
+tokens (greedy, result and KV caches off). Reported per level: aggregate decode tokens per second
+(all streams' tokens after their first, over the time from the first stream's first token to the
+last stream's last), the median stream's own decode rate, first-token p50 and p95, and the longest
+gap between two tokens of one stream. Two scenarios follow at the batched setting: a new photo
+arriving while three streams decode (its first token beside a lone request's), and a running
+stream's longest gap while a 1024x768 document is encoded and prefilled.
+
+Every output names the CPU (model, the flags that matter, threads) and the memory bandwidth
+measured in the same run: compare ratios from one run on one machine only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[2]
+FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+
+
+def cpu_info(threads: int) -> dict:
+    """The CPU this ran on: model name, the flags that matter for these kernels, threads."""
+    model, flags = "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model == "unknown":
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return {"model": model, "flags": [f for f in FLAGS if f in flags], "threads": threads,
+            "logical_cpus": os.cpu_count()}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """The real server, started as users start it, for one configuration."""
+
+    def __init__(self, env: dict, log_path: Path):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        full = {**os.environ, **env, "VL_BIND": f"127.0.0.1:{self.port}", "VL_ACCESS_LOG": ""}
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "wsgi:app"],
+                                     cwd=ROOT, env=full, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def wait_ready(self, timeout: float = 1800) -> None:
+        import requests
+
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.proc.returncode}; see {self.log.name}")
+            try:
+                if requests.get(self.url + "/readyz", timeout=5).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        raise RuntimeError("the server did not become ready")
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(60)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+
+
+def stream(url: str, image: bytes, prompt: str, tokens: int, t0: float) -> dict:
+    """One streaming request; token arrival times relative to `t0`."""
+    import base64
+
+    import requests
+
+    body = {"model": "x", "stream": True, "max_tokens": tokens, "min_tokens": tokens, "temperature": 0,
+            "result_cache": False,
+            "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64," + base64.b64encode(image).decode()}},
+                {"type": "text", "text": prompt}]}]}
+    start = time.perf_counter() - t0
+    stamps = []
+    with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=3600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"])
+            if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                stamps.append(time.perf_counter() - t0)
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return {"start": start, "first": stamps[0] if stamps else None, "stamps": stamps,
+            "ttft_s": (stamps[0] - start) if stamps else None, "tokens": len(stamps),
+            "decode_tps": (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0,
+            "max_gap_s": max(gaps) if gaps else 0.0}
+
+
+def run_clients(url: str, jobs: list, stagger: float, tokens: int) -> list:
+    """`jobs`: [(image, prompt)], started `stagger` seconds apart."""
+    results: list = [None] * len(jobs)
+    t0 = time.perf_counter()
+
+    def one(i, image, prompt):
+        time.sleep(i * stagger)
+        try:
+            results[i] = stream(url, image, prompt, tokens, t0)
+        except Exception as exc:  # recorded, reported, never hidden
+            results[i] = {"error": repr(exc)}
+
+    threads = [threading.Thread(target=one, args=(i, img, p)) for i, (img, p) in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def _pct(values: list, q: float) -> float:
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def level_summary(results: list) -> dict:
+    ok = [r for r in results if "error" not in r and r["tokens"]]
+    if not ok:
+        return {"errors": [r.get("error") for r in results]}
+    span = max(r["stamps"][-1] for r in ok) - min(r["first"] for r in ok)
+    decoded = sum(r["tokens"] - 1 for r in ok)
+    ttfts = [r["ttft_s"] for r in ok]
+    return {"streams": len(results), "ok": len(ok),
+            "aggregate_tps": round(decoded / span, 2) if span > 0 else 0.0,
+            "stream_tps_median": round(statistics.median(r["decode_tps"] for r in ok), 2),
+            "ttft_p50_s": round(_pct(ttfts, 50), 2), "ttft_p95_s": round(_pct(ttfts, 95), 2),
+            "max_gap_s": round(max(r["max_gap_s"] for r in ok), 2),
+            "errors": [r["error"] for r in results if "error" in r]}
+
+
+def measure(args, model_dir: Path, out: Path) -> dict:
+    from .workloads import encode_jpeg, photo_like
+
+    levels = [int(x) for x in args.concurrency.split(",")]
+    batch = max(levels)
+    size = (112, 112) if args.quick else (448, 448)
+    doc_size = (192, 256) if args.quick else (768, 1024)
+    seeds = iter(range(10_000, 1_000_000))  # a new photo for every request: nothing cached
+
+    def photo():
+        return encode_jpeg(photo_like(*size, seed=next(seeds)))
+
+    llms = [q for q in args.llm.split(",")]
+    report: dict = {"levels": levels, "tokens": args.tokens, "stagger_s": args.stagger, "runs": {}, "scenarios": {}}
+    for llm in llms:
+        for max_batch in (1, batch):
+            name = f"{llm} VL_MAX_BATCH={max_batch}"
+            env = {"VL_MODEL": str(model_dir), "VL_LLM_QUANT": "" if llm == "float32" else llm,
+                   "VL_MAX_BATCH": str(max_batch), "VL_QUEUE_SIZE": str(2 * batch + 4),
+                   "VL_RESULT_CACHE_ENTRIES": "0", "VL_KV_CACHE_MB": "0", "VL_DISK_CACHE_MB": "0",
+                   "VL_QUEUE_TIMEOUT_S": "3600", "VL_MAX_TOKENS_CAP": str(max(args.tokens, 128))}
+            server = Server(env, out / f"server-{llm}-{max_batch}.log")
+            try:
+                t = time.perf_counter()
+                server.wait_ready()
+                log.info("%s ready in %.0f s", name, time.perf_counter() - t)
+                run_clients(server.url, [(photo(), "Describe this image.")], 0, 4)  # the server's first request
+                rows = {}
+                for n in levels:
+                    res = run_clients(server.url, [(photo(), "Describe this image.") for _ in range(n)],
+                                      args.stagger, args.tokens)
+                    rows[str(n)] = level_summary(res)
+                    log.info("%s, %d streams: %s", name, n, rows[str(n)])
+                report["runs"][name] = {"llm": llm, "max_batch": max_batch, "levels": rows}
+                if max_batch == batch:
+                    report["scenarios"][llm] = scenarios(server.url, photo, doc_size, args)
+                    log.info("%s scenarios: %s", name, report["scenarios"][llm])
+            finally:
+                server.stop()
+    return report
+
+
+def scenarios(url: str, photo, doc_size, args) -> dict:
+    """A photo arriving while three streams decode; a stream's gaps while a document comes in."""
+    from .workloads import document_like, encode_jpeg
+
+    lone = run_clients(url, [(photo(), "Describe this image.")], 0, 8)[0]
+    t0 = time.perf_counter()
+    results: dict = {}
+
+    def runner(i):
+        results[i] = stream(url, photo(), "Describe this image.", args.tokens * 2, t0)
+
+    threads = [threading.Thread(target=runner, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(3 * lone["ttft_s"] + 1.0)  # the three have started answering
+    newcomer = stream(url, photo(), "Describe this image.", 8, t0)
+    for t in threads:
+        t.join()
+    beside = newcomer["ttft_s"]
+    # A running stream while a document is encoded and prefilled.
+    t0 = time.perf_counter()
+    holder: dict = {}
+    th = threading.Thread(target=lambda: holder.update(stream(url, photo(), "Describe this image.", args.tokens * 3, t0)))
+    th.start()
+    time.sleep(3.0 if not args.quick else 0.5)
+    doc = encode_jpeg(document_like(*doc_size, seed=7))
+    d0 = time.perf_counter() - t0
+    docr = stream(url, doc, "Read all the text in this image.", 4, t0)
+    d1 = d0 + docr["ttft_s"]
+    th.join()
+    during = [b - a for a, b in zip(holder["stamps"], holder["stamps"][1:]) if b > d0 and a < d1]
+    return {"lone_ttft_s": round(lone["ttft_s"], 2), "ttft_beside_three_streams_s": round(beside, 2),
+            "ttft_ratio": round(beside / lone["ttft_s"], 2),
+            "doc_ttft_s": round(docr["ttft_s"], 2),
+            "stream_max_gap_during_doc_s": round(max(during), 2) if during else None,
+            "stream_median_gap_during_doc_s": round(statistics.median(during), 3) if during else None}
+
+
+def markdown(report: dict) -> str:
+    cpu = report["cpu"]
+    lines = [f"*{cpu['model']} ({', '.join(cpu['flags']) or 'no AVX-512'}), {cpu['threads']} threads, "
+             f"{report['limits']['bandwidth_gb_s']} GB/s measured in this run; {report['tokens']} tokens per stream, "
+             f"starts {report['stagger_s']} s apart, a new photo per request.*", "",
+             "| LLM | VL_MAX_BATCH | streams | aggregate decode tok/s | per-stream tok/s (median) | first token p50 s "
+             "| first token p95 s | longest gap s | aggregate vs VL_MAX_BATCH=1 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    runs = report["runs"]
+    for run in runs.values():
+        base = runs.get(f"{run['llm']} VL_MAX_BATCH=1", {}).get("levels", {})
+        for n, row in run["levels"].items():
+            if "aggregate_tps" not in row:
+                lines.append(f"| {run['llm']} | {run['max_batch']} | {n} | failed: {row.get('errors')} | | | | | |")
+                continue
+            ratio = row["aggregate_tps"] / base[n]["aggregate_tps"] if base.get(n, {}).get("aggregate_tps") else None
+            lines.append(f"| {run['llm']} | {run['max_batch']} | {n} | {row['aggregate_tps']} | {row['stream_tps_median']} "
+                         f"| {row['ttft_p50_s']} | {row['ttft_p95_s']} | {row['max_gap_s']} "
+                         f"| {'%.2fx' % ratio if ratio else ''} |")
+    if report["scenarios"]:
+        lines += ["", "| LLM | lone request first token s | beside three streams s | ratio | document first token s "
+                  "| a stream's longest gap while the document is read s | median gap then s |", "|---|---|---|---|---|---|---|"]
+        for llm, s in report["scenarios"].items():
+            lines.append(f"| {llm} | {s['lone_ttft_s']} | {s['ttft_beside_three_streams_s']} | {s['ttft_ratio']}x "
+                         f"| {s['doc_ttft_s']} | {s['stream_max_gap_during_doc_s']} | {s['stream_median_gap_during_doc_s']} |")
+    return "\n".join(lines) + "\n"
+
+
+def chart(report: dict, path: Path) -> None:
+    """Aggregate decode tok/s per level, one line per configuration (OpenCV)."""
+    import cv2
+    import numpy as np
+
+    runs = report["runs"]
+    levels = [str(n) for n in report["levels"]]
+    w, h, left, top = 760, 420, 70, 40
+    img = np.full((h + 90, w, 3), 255, np.uint8)
+    top_val = max((r["levels"][n].get("aggregate_tps", 0) for r in runs.values() for n in levels), default=1) or 1
+    colors = [(200, 80, 40), (40, 140, 220), (60, 170, 80), (150, 60, 170)]
+    for k, (name, run) in enumerate(runs.items()):
+        pts = []
+        for i, n in enumerate(levels):
+            v = run["levels"][n].get("aggregate_tps", 0)
+            pts.append((left + int(i * (w - left - 40) / max(1, len(levels) - 1)), top + h - int(v / top_val * (h - 20))))
+        for a, b in zip(pts, pts[1:]):
+            cv2.line(img, a, b, colors[k % 4], 2, cv2.LINE_AA)
+        for p in pts:
+            cv2.circle(img, p, 4, colors[k % 4], -1, cv2.LINE_AA)
+        cv2.putText(img, name, (left, h + top + 20 + 16 * k), cv2.FONT_HERSHEY_SIMPLEX, 0.45, colors[k % 4], 1,
+                    cv2.LINE_AA)
+    for i, n in enumerate(levels):
+        x = left + int(i * (w - left - 40) / max(1, len(levels) - 1))
+        cv2.putText(img, n, (x - 4, top + h + 5), cv2.FONT_HERSHEY_SIMPLEX, 0.4, (0, 0, 0), 1, cv2.LINE_AA)
+    cv2.putText(img, f"aggregate decode tok/s (max {top_val:.1f}) vs concurrent streams", (left, 25),
+                cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 1, cv2.LINE_AA)
+    cv2.imwrite(str(path), img)
+
+
+def main(argv=None) -> int:
+    from ..config import Settings
+    from .bench import machine_limits
+    from .workloads import bench_model
+
+    ap = argparse.ArgumentParser(prog="python -m vlservice bench --concurrency", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--concurrency", default="1,2,4,8")
+    ap.add_argument("--llm", default="float32,int8", help="comma-separated: float32, int8")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--stagger", type=float, default=0.3, help="seconds between client starts")
+    ap.add_argument("--quick", action="store_true", help="the same code on a tiny checkpoint")
+    ap.add_argument("--out", type=Path, default=Path("bench-out"))
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = Settings.from_env()
+    args.out.mkdir(parents=True, exist_ok=True)
+    model_dir, _ = bench_model(settings.cache_path, args.quick)
+    report = {"cpu": cpu_info(settings.num_threads), "limits": machine_limits(settings.num_threads, args.quick)}
+    report.update(measure(args, model_dir, args.out))
+    (args.out / "concurrency.json").write_text(json.dumps(report, indent=2))
+    (args.out / "concurrency.md").write_text(markdown(report))
+    chart(report, args.out / "concurrency.png")
+    print((args.out / "concurrency.md").read_text())
+    failed = any("aggregate_tps" not in row for run in report["runs"].values() for row in run["levels"].values())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
