@@ -273,7 +273,7 @@ class Scheduler:
             seq.encoding = self._encoder.submit(svc.features, seq.gen, seq.timings, seq.needed)
             seq.encoding.add_done_callback(lambda _: self.wake())
         else:
-            self._inputs_ready(seq, [])
+            self._inputs_ready(seq, svc.features(seq.gen, seq.timings, []))  # timings say: nothing to encode
 
     def _inputs_ready(self, seq: Sequence, feats: list) -> None:
         if seq.gen.cancelled.is_set():
