@@ -65,27 +65,12 @@ class Decoder:
     def prefill(self, prompt: Prompt, features: list[VisionFeatures], cache, start: int = 0):
         """Run the prompt from token `start` (the cache holds the ones before); returns the logits
         of the next token. `features` are those of the images after `start`, in order."""
-        all_pos, delta = self.positions(prompt)
-        ids = torch.tensor([prompt.input_ids[start:]], dtype=torch.long)
-        pos = all_pos[:, :, start:]
-        embeds = self.embed(ids)
-        kwargs = {}
-        if features:
-            mask = ids == self.image_token_id
-            image_embeds = torch.from_numpy(_cat([f.embeds for f in features])).to(embeds.dtype)
-            if int(mask.sum()) != image_embeds.shape[0]:
-                raise ValueError("image tokens and image features do not match")
-            embeds = embeds.masked_scatter(mask.unsqueeze(-1), image_embeds)
-            layers = len(features[0].deepstack)
-            kwargs = {
-                "visual_pos_masks": mask,
-                "deepstack_visual_embeds": [
-                    torch.from_numpy(_cat([f.deepstack[i] for f in features])).to(embeds.dtype)
-                    for i in range(layers)
-                ],
-            }
+        (embeds, mrope, mask, deepstack), at = self.prefill_inputs(prompt, features, start)
+        text_pos = torch.arange(start, len(prompt)).view(1, 1, -1)
+        pos = torch.cat([text_pos, mrope], dim=0)
+        kwargs = {} if mask is None else {"visual_pos_masks": mask, "deepstack_visual_embeds": deepstack}
         out = self.lm(inputs_embeds=embeds, position_ids=pos, cache=cache, use_cache=True, **kwargs)
-        self._delta = delta
+        self._delta = at.delta
         self._next_pos = len(prompt)
         return self.lm_head(out.last_hidden_state[:, -1]).float()[0]
 
