@@ -136,3 +136,19 @@ def server(tmp_path_factory, cache_dir):
     proc = ServerProcess(env, ARTIFACTS / "server.log").start()
     yield proc
     proc.stop()
+
+
+# Debian's Chromium, driven by Playwright (no browser download); the page tests share one per module.
+CHROMIUM = os.environ.get("VL_CHROMIUM", "/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--no-first-run"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()

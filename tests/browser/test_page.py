@@ -16,9 +16,6 @@ from vlservice.demo import prompts
 
 pytestmark = [pytest.mark.browser, pytest.mark.server]
 
-CHROMIUM = os.environ.get("VL_CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--no-first-run"]
 CHAT = "/v1/chat/completions"
 
 # Every value #state's data-state and #messages' aria-busy take, in order: each change's old value
@@ -30,16 +27,6 @@ RECORD = """() => {
   watch('#state', 'data-state', window.seen.state);
   watch('#messages', 'aria-busy', window.seen.busy);
 }"""
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 def open_page(browser, url, lang, **kw):

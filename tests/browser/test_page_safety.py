@@ -9,15 +9,11 @@ same way and is held to the same rule."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.server]
 
-CHROMIUM = os.environ.get("VL_CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--no-first-run"]
 CHAT = "**/v1/chat/completions"
 
 # Each piece would do something if it were parsed as HTML: make an element, or set window.pwned.
@@ -26,16 +22,6 @@ ANSWER = ['<img src=x onerror="window.pwned=1">', "<b>bo", "ld</b> & <scr", "ipt
 QUESTION = "<img src=y onerror=window.pwned=4><i>mine</i>"
 ERROR = "<img src=z onerror=window.pwned=5><u>bad</u>"
 MARKUP = "#messages img, #messages b, #messages i, #messages u, #messages script, #messages svg"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 def sse(*objs) -> str:
