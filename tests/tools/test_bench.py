@@ -94,6 +94,11 @@ def test_bench_concurrency_quick_runs_clients_through_the_real_server(tmp_path, 
             assert row["aggregate_tps"] > 0 and row["ttft_p50_s"] <= row["ttft_p95_s"]
     scenario = report["scenarios"]["float32"]
     assert scenario["lone_ttft_s"] > 0 and scenario["stream_max_gap_during_doc_s"] is not None
+    single = report["single"]
+    assert set(single) == {"float32 plain", "float32 prepacked"}
+    for row in single.values():
+        assert row["runs"] == 3 and row["decode_tps"] > 0 and row["prompt_ms"] > 0
     md = (out / "concurrency.md").read_text()
     assert report["cpu"]["model"] in md and md.count("| float32 |") == 5
+    assert "| float32 plain |" in md and "| float32 prepacked |" in md
     assert (out / "concurrency.png").stat().st_size > 1000

@@ -101,13 +101,15 @@ def stream(url: str, image: bytes, prompt: str, tokens: int, t0: float) -> dict:
 
     import requests
 
-    body = {"model": "x", "stream": True, "max_tokens": tokens, "min_tokens": tokens, "temperature": 0,
+    body = {"model": "x", "stream": True, "stream_options": {"include_usage": True},
+            "max_tokens": tokens, "min_tokens": tokens, "temperature": 0,
             "result_cache": False,
             "messages": [{"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64," + base64.b64encode(image).decode()}},
                 {"type": "text", "text": prompt}]}]}
     start = time.perf_counter() - t0
-    stamps = []
+    stamps: list = []
+    timings: dict = {}
     with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=3600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -118,11 +120,12 @@ def stream(url: str, image: bytes, prompt: str, tokens: int, t0: float) -> dict:
                 raise RuntimeError(chunk["error"])
             if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
                 stamps.append(time.perf_counter() - t0)
+            timings = chunk.get("timings") or timings
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
     return {"start": start, "first": stamps[0] if stamps else None, "stamps": stamps,
             "ttft_s": (stamps[0] - start) if stamps else None, "tokens": len(stamps),
             "decode_tps": (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0,
-            "max_gap_s": max(gaps) if gaps else 0.0}
+            "max_gap_s": max(gaps) if gaps else 0.0, "timings": timings}
 
 
 def run_clients(url: str, jobs: list, stagger: float, tokens: int) -> list:
@@ -166,6 +169,29 @@ def level_summary(results: list) -> dict:
             "errors": [r["error"] for r in results if "error" in r]}
 
 
+SINGLE_RUNS = 3
+
+
+def singles(url: str, photo, tokens: int) -> dict:
+    """One stream at a time, SINGLE_RUNS times: the server's own prompt time (prefill of the image and
+    question, vision encode excluded) and the stream's decode rate, medians."""
+    runs = [run_clients(url, [(photo(), "Describe this image.")], 0, tokens)[0] for _ in range(SINGLE_RUNS)]
+    ok = [r for r in runs if "error" not in r and r["tokens"] > 1]
+    if not ok:
+        return {"errors": [r.get("error") for r in runs]}
+    return {"runs": len(ok), "decode_tps": round(statistics.median(r["decode_tps"] for r in ok), 3),
+            "prompt_ms": round(statistics.median(r["timings"].get("prompt_ms", 0.0) for r in ok), 1),
+            "vision_encode_ms": round(statistics.median(r["timings"].get("vision_encode_ms", 0.0) for r in ok), 1),
+            "ttft_s": round(statistics.median(r["ttft_s"] for r in ok), 2)}
+
+
+def server_env(model_dir: Path, llm: str, max_batch: int, batch: int, tokens: int) -> dict:
+    return {"VL_MODEL": str(model_dir), "VL_LLM_QUANT": "" if llm == "float32" else llm,
+            "VL_MAX_BATCH": str(max_batch), "VL_QUEUE_SIZE": str(2 * batch + 4),
+            "VL_RESULT_CACHE_ENTRIES": "0", "VL_KV_CACHE_MB": "0", "VL_DISK_CACHE_MB": "0",
+            "VL_QUEUE_TIMEOUT_S": "3600", "VL_MAX_TOKENS_CAP": str(max(tokens * 3, 1024))}
+
+
 def measure(args, model_dir: Path, out: Path) -> dict:
     from .workloads import encode_jpeg, photo_like
 
@@ -179,15 +205,24 @@ def measure(args, model_dir: Path, out: Path) -> dict:
         return encode_jpeg(photo_like(*size, seed=next(seeds)))
 
     llms = [q for q in args.llm.split(",")]
-    report: dict = {"levels": levels, "tokens": args.tokens, "stagger_s": args.stagger, "runs": {}, "scenarios": {}}
+    report: dict = {"levels": levels, "tokens": args.tokens, "stagger_s": args.stagger, "runs": {}, "scenarios": {},
+                    "single": {}}
+    if "float32" in llms:
+        # The float32 LLM before prepacking (plain nn.Linear on MKL), one stream at a time: the baseline
+        # for what prepacked weights buy a lone user.
+        server = Server({**server_env(model_dir, "float32", 1, batch, args.tokens), "VL_LLM_PREPACK": "false"},
+                        out / "server-float32-plain.log")
+        try:
+            server.wait_ready()
+            run_clients(server.url, [(photo(), "Describe this image.")], 0, 4)
+            report["single"]["float32 plain"] = singles(server.url, photo, args.tokens)
+            log.info("float32 plain, one stream: %s", report["single"]["float32 plain"])
+        finally:
+            server.stop()
     for llm in llms:
         for max_batch in (1, batch):
             name = f"{llm} VL_MAX_BATCH={max_batch}"
-            env = {"VL_MODEL": str(model_dir), "VL_LLM_QUANT": "" if llm == "float32" else llm,
-                   "VL_MAX_BATCH": str(max_batch), "VL_QUEUE_SIZE": str(2 * batch + 4),
-                   "VL_RESULT_CACHE_ENTRIES": "0", "VL_KV_CACHE_MB": "0", "VL_DISK_CACHE_MB": "0",
-                   "VL_QUEUE_TIMEOUT_S": "3600", "VL_MAX_TOKENS_CAP": str(max(args.tokens * 3, 1024))}
-            server = Server(env, out / f"server-{llm}-{max_batch}.log")
+            server = Server(server_env(model_dir, llm, max_batch, batch, args.tokens), out / f"server-{llm}-{max_batch}.log")
             try:
                 t = time.perf_counter()
                 server.wait_ready()
@@ -200,6 +235,10 @@ def measure(args, model_dir: Path, out: Path) -> dict:
                     rows[str(n)] = level_summary(res)
                     log.info("%s, %d streams: %s", name, n, rows[str(n)])
                 report["runs"][name] = {"llm": llm, "max_batch": max_batch, "levels": rows}
+                if max_batch == 1:
+                    key = "float32 prepacked" if llm == "float32" else llm
+                    report["single"][key] = singles(server.url, photo, args.tokens)
+                    log.info("%s, one stream: %s", key, report["single"][key])
                 if max_batch == batch:
                     report["scenarios"][llm] = scenarios(server.url, photo, doc_size, args)
                     log.info("%s scenarios: %s", name, report["scenarios"][llm])
@@ -266,6 +305,20 @@ def markdown(report: dict) -> str:
             lines.append(f"| {run['llm']} | {run['max_batch']} | {n} | {row['aggregate_tps']} | {row['stream_tps_median']} "
                          f"| {row['ttft_p50_s']} | {row['ttft_p95_s']} | {row['max_gap_s']} "
                          f"| {'%.2fx' % ratio if ratio else ''} |")
+    single = report.get("single", {})
+    if single:
+        plain = single.get("float32 plain", {})
+        lines += ["", f"One stream at a time (medians of {SINGLE_RUNS}; prompt = the server's prefill of image and question):",
+                  "", "| LLM | decode tok/s | prompt ms | vision encode ms | first token s | decode vs plain float32 "
+                  "| prefill vs plain float32 |", "|---|---|---|---|---|---|---|"]
+        for key, row in single.items():
+            if "decode_tps" not in row:
+                lines.append(f"| {key} | failed: {row.get('errors')} | | | | | |")
+                continue
+            dr = row["decode_tps"] / plain["decode_tps"] if plain.get("decode_tps") else None
+            pr = plain["prompt_ms"] / row["prompt_ms"] if plain.get("prompt_ms") and row["prompt_ms"] else None
+            lines.append(f"| {key} | {row['decode_tps']} | {row['prompt_ms']} | {row['vision_encode_ms']} | {row['ttft_s']} "
+                         f"| {'%.2fx' % dr if dr else ''} | {'%.2fx' % pr if pr else ''} |")
     if report["scenarios"]:
         lines += ["", "| LLM | lone request first token s | beside three streams s | ratio | document first token s "
                   "| a stream's longest gap while the document is read s | median gap then s |", "|---|---|---|---|---|---|---|"]
@@ -329,6 +382,7 @@ def main(argv=None) -> int:
     chart(report, args.out / "concurrency.png")
     print((args.out / "concurrency.md").read_text())
     failed = any("aggregate_tps" not in row for run in report["runs"].values() for row in run["levels"].values())
+    failed = failed or any("decode_tps" not in row for row in report["single"].values())
     return 1 if failed else 0
 
 
