@@ -55,9 +55,11 @@ def normalise(text: str) -> str:
 
 
 def run(model_dir: Path, n: int, seed: int, cache_dir: Path, threads: int = 0, backends=BACKENDS,
-        llm_int8: bool = False, batched: int = 0) -> dict:
+        llm_int8: bool = False, batched: int = 0, plain_fp32: bool = False) -> dict:
     """`batched` > 1: every question is also asked `batched` at a time (decoded together in one
-    batch) and the answers are compared with those given one at a time."""
+    batch) and the answers are compared with those given one at a time. `plain_fp32`: also answer
+    with the float32 LLM's plain `nn.Linear` weights (VL_LLM_PREPACK=false) and compare with the
+    prepacked default."""
     from ..config import Settings
     from ..engine.service import load_service
     from ..engine.types import ChatRequest, ImageInput, Message, Sampling
@@ -73,6 +75,8 @@ def run(model_dir: Path, n: int, seed: int, cache_dir: Path, threads: int = 0, b
     runs = [(b, {"vision_backend": b}) for b in backends]
     if llm_int8:
         runs.append(("onnx-int8+llm-int8", {"vision_backend": "onnx-int8", "llm_quant": "int8"}))
+    if plain_fp32:
+        runs.append(("onnx-int8+plain-fp32", {"vision_backend": "onnx-int8", "llm_prepack": False}))
     for name, overrides in runs:
         # KV and result caches off: every answer is computed; the "+cache" pass reads the image
         # features from the feature cache filled by the first pass.
@@ -102,6 +106,9 @@ def run(model_dir: Path, n: int, seed: int, cache_dir: Path, threads: int = 0, b
                 per[task][1] += 1
         table[run_name] = {t: per[t][0] / per[t][1] for t in COLUMNS if per[t][1]}
         table[run_name]["all"] = sum(per[t][0] for t in TASKS) / len(samples)
+    plain_same = None
+    if "onnx-int8+plain-fp32" in answers and "onnx-int8" in answers:
+        plain_same = sum(a == b for a, b in zip(answers["onnx-int8"], answers["onnx-int8+plain-fp32"])) / len(samples)
     same = None
     if "torch" in answers and "onnx-fp32" in answers:
         same = sum(a == b for a, b in zip(answers["torch"], answers["onnx-fp32"])) / len(samples)
@@ -112,7 +119,8 @@ def run(model_dir: Path, n: int, seed: int, cache_dir: Path, threads: int = 0, b
     examples = [{"task": s.task, "lang": s.lang, "question": s.question, "expected": s.answer,
                  "answer": answers[list(answers)[-1]][i]} for i, s in enumerate(samples[:12])]
     return {"n": n, "seed": seed, "accuracy": table, "fp32_equals_torch": same, "counts": dict(counts),
-            "batched": batched, "batched_equals_alone": same_batched, "examples": examples}
+            "batched": batched, "batched_equals_alone": same_batched, "prepacked_equals_plain": plain_same,
+            "examples": examples}
 
 
 def markdown(result: dict) -> str:
@@ -126,6 +134,9 @@ def markdown(result: dict) -> str:
     for run_name, same in result.get("batched_equals_alone", {}).items():
         lines.append(f"\n{run_name}: answers asked {result['batched']} at a time identical to those asked alone: "
                      f"{same * 100:.1f}%")
+    if result.get("prepacked_equals_plain") is not None:
+        lines.append(f"\nprepacked float32 LLM answers identical to plain nn.Linear's: "
+                     f"{result['prepacked_equals_plain'] * 100:.1f}% of {result['n']} held-out images (seed {result['seed']}).")
     if result["fp32_equals_torch"] is not None:
         lines.append(f"\nonnx-fp32 answers identical to PyTorch's: {result['fp32_equals_torch'] * 100:.1f}% "
                      f"of {result['n']} held-out images (seed {result['seed']}).")
@@ -147,10 +158,13 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the numbers to this file")
     ap.add_argument("--batched", type=int, default=0, metavar="N",
                     help="also ask N questions at a time and report how often the answers equal those given alone")
+    ap.add_argument("--plain-fp32", action="store_true",
+                    help="also answer with plain float32 linears (VL_LLM_PREPACK=false) and report how often the "
+                         "prepacked default gives the same answer")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         result = run(args.model, args.n, args.seed, args.cache_dir or Path(tmp), backends=args.backends,
-                     llm_int8=args.llm_int8, batched=args.batched)
+                     llm_int8=args.llm_int8, batched=args.batched, plain_fp32=args.plain_fp32)
     print(markdown(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, ensure_ascii=False))
