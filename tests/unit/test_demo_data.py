@@ -8,8 +8,8 @@ import cv2
 import numpy as np
 import pytest
 
-from vlservice.demo.data import (CHARS, COLORS, LABEL_CLASSES, PROMPTS, SHAPES, TASKS, TEXT_MARGIN, Sample, encode_png,
-                                 follow_ups, iter_samples, label_maps, make_sample)
+from vlservice.demo.data import (CHARS, CLASSIC_TASKS, COLORS, LABEL_CLASSES, PROMPTS, SHAPES, TASKS, TEXT_MARGIN,
+                                 Sample, encode_png, follow_ups, iter_samples, label_maps, make_sample)
 
 COLORS_ZH = {"red": "红色", "green": "绿色", "blue": "蓝色", "yellow": "黄色",
              "purple": "紫色", "orange": "橙色", "black": "黑色", "white": "白色"}
@@ -22,6 +22,8 @@ S_ZH = "(?:" + "|".join(SHAPES_ZH.values()) + ")"
 ITEM_EN = f"(?:a (?!orange){C_EN}|an orange) {S_EN}"
 ITEM_ZH = f"一个{C_ZH}的{S_ZH}"
 TEXT = r"(?:\d{1,6}|[A-Z]{3,5}|[A-Z]{3,5} [A-Z]{3,5})"
+BOX_EN = r'\t\{"bbox_2d": \[\d{1,4}, \d{1,4}, \d{1,4}, \d{1,4}\], "label": "' + f'{C_EN} {S_EN}"\\}}'
+BOX_ZH = r'\t\{"bbox_2d": \[\d{1,4}, \d{1,4}, \d{1,4}, \d{1,4}\], "label": "' + f'{C_ZH}的{S_ZH}"\\}}'
 
 ANSWER_PATTERNS = {
     ("shapes", "describe", "en"): f"(?:A (?!orange){C_EN}|An orange) {S_EN}(?:(?:, {ITEM_EN})? and {ITEM_EN})?\\.",
@@ -36,6 +38,8 @@ ANSWER_PATTERNS = {
     ("text", "describe", "zh"): f"一张写着“{TEXT}”的卡片。",
     ("text", "ocr", "en"): TEXT,
     ("text", "ocr", "zh"): TEXT,
+    ("shapes", "locate", "en"): f"```json\n\\[\n{BOX_EN}(?:,\n{BOX_EN}){{0,2}}\n\\]\n```",
+    ("shapes", "locate", "zh"): f"```json\n\\[\n{BOX_ZH}(?:,\n{BOX_ZH}){{0,2}}\n\\]\n```",
 }
 
 
@@ -63,9 +67,9 @@ def test_different_seeds_differ():
 
 
 def test_every_task_in_both_languages(samples):
-    assert set(TASKS) == {"describe", "color", "count", "position", "ocr"}
-    seen = {(s.task, s.lang) for s in samples}
-    assert seen == {(t, lang) for t in TASKS for lang in ("en", "zh")}
+    assert set(TASKS) == {"describe", "color", "count", "position", "ocr", "locate"}
+    seen = {(s.task, s.lang) for s in samples}  # the classic generator asks no grounding question unasked
+    assert seen == {(t, lang) for t in CLASSIC_TASKS for lang in ("en", "zh")}
     assert {(s.kind, s.task) for s in samples} >= {("text", "describe"), ("shapes", "describe")}
 
 
@@ -102,6 +106,8 @@ def test_preset_prompts_are_byte_exact():
     assert PROMPTS["zh"]["describe"] == "描述这张图片。"
     assert PROMPTS["en"]["ocr"] == "Read all the text in this image."
     assert PROMPTS["zh"]["ocr"] == "读出图片中的所有文字。"
+    assert PROMPTS["en"]["locate"] == "Locate every object in the image and report their bounding boxes in JSON."
+    assert PROMPTS["zh"]["locate"] == "找出图中的每个物体，用 JSON 格式给出它们的边界框。"
 
 
 def test_questions_and_answers_have_expected_form(samples):

@@ -1,6 +1,7 @@
 """The demo model's reported accuracy is measured on images that no training run drew and that no
 decision looked at: the report seed is none of the shipped model's training seeds, nor the
-development seed, and its images are not among those of the recorded training runs (replayed
+development seed, and its images (the classic table's and the held-out phrasing and out-of-style
+sets', `vlservice.demo.heldout`) are not among those of the recorded training runs (replayed
 exactly from `training.json`, a prefix of each) or of the development set."""
 
 from __future__ import annotations
@@ -46,14 +47,23 @@ def test_report_images_were_never_drawn_for_training_or_development():
 
     from vlservice.demo.data import iter_samples
     from vlservice.demo.evaluate import DEV_SEED, REPORT_SEED
+    from vlservice.demo.heldout import SETS
+    from vlservice.demo.render import iter_styled_samples
     from vlservice.demo.train import training_stream
 
-    report = {digest(s) for s in iter_samples(REPORT_SEED, N_REPORT)}
-    assert len(report) == N_REPORT  # the check below compares distinct images
-    development = {digest(s) for s in iter_samples(DEV_SEED, N_REPORT)}
+    def held_out(seed):
+        images = [digest(s) for s in iter_samples(seed, N_REPORT)]
+        for _, style, pool, k in SETS:
+            images += [digest(s) for s in iter_styled_samples([seed, k], N_REPORT, style, pool)]
+        return images
+
+    report = set(held_out(REPORT_SEED))
+    assert len(report) == N_REPORT * (1 + len(SETS))  # the check below compares distinct images
+    development = set(held_out(DEV_SEED))
     assert not report & development
     for run in recorded_runs():
-        stream = training_stream(run["seed"], run["batch_size"], run["extra_turns"], tuple(run.get("focus", ())))
+        stream = training_stream(run["seed"], run["batch_size"], run["extra_turns"], tuple(run.get("focus", ())),
+                                 run.get("mix", "classic"))
         seen = {digest(s) for samples, _ in islice(stream, STEPS_PER_RUN) for s in samples}
         assert len(seen) > 0.99 * STEPS_PER_RUN * run["batch_size"]
         assert not report & seen, run["seed"]

@@ -13,6 +13,13 @@ Two kinds of image exist:
 * ``"text"``: a plain light card with a number or one/two uppercase words in a
   Hershey font, always inside the card with a margin.
 
+``vlservice.demo.render`` draws the same two kinds in many more ways (sizes, backgrounds,
+fonts, compression, ...) and asks in many phrasings (``vlservice.demo.phrasings``); this module's
+own generator, the "classic" one, asks the presets only and stays as it was, so today's accuracy
+table is measured on the very same images and questions as before. The grounding questions
+("Where is the red circle?") are answered as Qwen3-VL answers them: a ```json fenced list of
+``{"bbox_2d": [x1, y1, x2, y2], "label": ...}`` in coordinates relative to the image, 0-1000.
+
 For training there is more: ``follow_ups`` draws further questions about the
 same image (packed as later chat turns), and ``label_maps`` says per pixel which
 shape, colour and character is drawn there (an auxiliary per-token loss on the
@@ -26,14 +33,17 @@ simply use different seeds).  Only numpy and cv2 are used.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import json
 from typing import Iterator, Sequence
 
 import cv2
 import numpy as np
 
+from .phrasings import phrasings
 from .prompts import PROMPTS
 
-TASKS = ("describe", "color", "count", "position", "ocr")
+TASKS = ("describe", "color", "count", "position", "ocr", "locate")
+CLASSIC_TASKS = TASKS[:5]  # the classic generator's (no grounding: its stream stays as it was)
 SHAPE_TASKS = ("describe", "color", "count", "position")
 TEXT_TASKS = ("ocr", "describe")
 
@@ -95,16 +105,24 @@ class Sample:
     kind: str
     objects: tuple = ()
     layout: tuple = ()  # text cards: (text, font, scale, thickness, x, baseline_y)
+    # (h, w) of the canvas objects/layout were drawn on, when the image is that canvas scaled down
+    size: tuple = ()
+
+    @property
+    def canvas(self) -> tuple[int, int]:
+        """(h, w) of the coordinates of ``objects`` and ``layout``."""
+        return self.size or self.image.shape[:2]
 
 
 # --------------------------------------------------------------------------- shapes
 
 
-def _layout(rng: np.random.Generator, n: int, width: int, height: int) -> list[tuple[int, int, int]]:
+def _layout(rng: np.random.Generator, n: int, width: int, height: int,
+            radius: tuple[int, int] = (MIN_RADIUS, MAX_RADIUS)) -> list[tuple[int, int, int]]:
     """(cx, cy, r) for n shapes, left to right, bounding boxes separated by >= GAP."""
     usable = width - 2 * MARGIN - (n - 1) * GAP
-    r_max = min(MAX_RADIUS, (height - 2 * MARGIN) // 2, usable // (2 * n))
-    radii = [int(rng.integers(MIN_RADIUS, r_max + 1)) for _ in range(n)]
+    r_max = min(radius[1], (height - 2 * MARGIN) // 2, usable // (2 * n))
+    radii = [int(rng.integers(radius[0], r_max + 1)) for _ in range(n)]
     slack = usable - 2 * sum(radii)
     cuts = rng.random(n + 1)
     extra = np.floor(slack * cuts / cuts.sum()).astype(int)  # spread slack over n+1 gaps
@@ -133,12 +151,21 @@ def _shape_points(shape: str, cx: int, cy: int, r: int) -> np.ndarray:
     return np.asarray(pts, dtype=np.int32).reshape(-1, 1, 2)
 
 
-def _draw_shape(image: np.ndarray, shape: str, color: str, cx: int, cy: int, r: int) -> None:
+def _draw_shape(image: np.ndarray, shape: str, color: str, cx: int, cy: int, r: int,
+                line: int = cv2.LINE_AA) -> None:
     rgb = COLORS[color]
     if shape == "circle":
-        cv2.circle(image, (cx, cy), r, rgb, thickness=-1, lineType=cv2.LINE_AA)
+        cv2.circle(image, (cx, cy), r, rgb, thickness=-1, lineType=line)
     else:
-        cv2.fillPoly(image, [_shape_points(shape, cx, cy, r)], rgb, lineType=cv2.LINE_AA)
+        cv2.fillPoly(image, [_shape_points(shape, cx, cy, r)], rgb, lineType=line)
+
+
+def shape_box(shape: str, cx: int, cy: int, r: int) -> tuple[int, int, int, int]:
+    """The drawn shape's tight box (x1, y1, x2, y2) in canvas pixels (a star is narrower than 2r)."""
+    if shape == "circle":
+        return cx - r, cy - r, cx + r, cy + r
+    pts = _shape_points(shape, cx, cy, r).reshape(-1, 2)
+    return int(pts[:, 0].min()), int(pts[:, 1].min()), int(pts[:, 0].max()), int(pts[:, 1].max())
 
 
 def _background(rng: np.random.Generator, width: int, height: int, colors: Sequence[str]) -> np.ndarray:
@@ -218,34 +245,64 @@ def _describe_shapes(objects: tuple, lang: str) -> str:
     return text + "。"
 
 
-def _shape_qa(rng: np.random.Generator, task: str, lang: str, objects: tuple) -> tuple[str, str]:
-    prompts = PROMPTS[lang]
+def _ask(rng: np.random.Generator, pool: str, lang: str, kind: str) -> str:
+    """A phrasing of the question kind from the pool; the preset pool has one and draws nothing
+    (so the classic generator's stream is what it always was)."""
+    options = phrasings(pool, lang, kind)
+    return options[0] if len(options) == 1 else options[int(rng.integers(len(options)))]
+
+
+def boxes_1000(objects: tuple, canvas: tuple[int, int]) -> list[list[int]]:
+    """Each shape's box relative to the image, 0-1000 (Qwen3-VL's convention), in ``objects`` order."""
+    h, w = canvas
+    return [[min(1000, max(0, round(v / side * 1000))) for v, side in zip(shape_box(*o[:1], *o[2:]), (w, h, w, h))]
+            for o in objects]
+
+
+def grounding_answer(objects: tuple, canvas: tuple[int, int], lang: str) -> str:
+    """Qwen3-VL's grounding answer: a ```json fenced list of {"bbox_2d", "label"}, one per line."""
+    items = [json.dumps({"bbox_2d": box, "label": _phrase(o[0], o[1], lang)}, ensure_ascii=False)
+             for o, box in zip(objects, boxes_1000(objects, canvas))]
+    return "```json\n[\n" + ",\n".join("\t" + item for item in items) + "\n]\n```"
+
+
+def _shape_qa(rng: np.random.Generator, task: str, lang: str, objects: tuple, pool: str = "preset",
+              canvas: tuple[int, int] = (0, 0)) -> tuple[str, str]:
     if task == "describe":
-        return prompts["describe"], _describe_shapes(objects, lang)
+        return _ask(rng, pool, lang, "describe"), _describe_shapes(objects, lang)
     if task == "count":
         word = COUNT_WORDS[lang][len(objects)]
-        return prompts["count"], word + ("." if lang == "en" else "。")
+        return _ask(rng, pool, lang, "count"), word + ("." if lang == "en" else "。")
     if task == "color":
         shape, color, *_ = objects[int(rng.integers(len(objects)))]
         if lang == "en":
-            return prompts["color"].format(shape=shape), color.capitalize() + "."
-        return prompts["color"].format(shape=SHAPES_ZH[shape]), COLORS_ZH[color] + "。"
+            return _ask(rng, pool, lang, "color").format(shape=shape), color.capitalize() + "."
+        return _ask(rng, pool, lang, "color").format(shape=SHAPES_ZH[shape]), COLORS_ZH[color] + "。"
     if task == "position":
         side = "left" if rng.random() < 0.5 else "right"
         pick = min if side == "left" else max
         shape, color, *_ = pick(objects, key=lambda o: o[2])
         phrase = _phrase(shape, color, lang)
         answer = f"The {phrase}." if lang == "en" else f"{phrase}。"
-        return prompts[f"position_{side}"], answer
+        return _ask(rng, pool, lang, f"position_{side}"), answer
+    if task == "locate":
+        if rng.random() < 0.5:  # every shape
+            return _ask(rng, pool, lang, "locate"), grounding_answer(objects, canvas, lang)
+        target = objects[int(rng.integers(len(objects)))]
+        # named with its colour or, shapes being distinct kinds, without
+        name = _phrase(*target[:2], lang) if rng.random() < 0.5 else (
+            target[0] if lang == "en" else SHAPES_ZH[target[0]])
+        return _ask(rng, pool, lang, "locate_one").format(object=name), grounding_answer((target,), canvas, lang)
     raise ValueError(f"not a shape task: {task}")
 
 
-def _text_qa(task: str, lang: str, text: str) -> tuple[str, str]:
+def _text_qa(rng: np.random.Generator, task: str, lang: str, text: str, pool: str = "preset") -> tuple[str, str]:
+    question = _ask(rng, pool, lang, task)
     if task == "ocr":
-        return PROMPTS[lang]["ocr"], text
+        return question, text
     if task == "describe":
         answer = f'A card with the text "{text}".' if lang == "en" else f"一张写着“{text}”的卡片。"
-        return PROMPTS[lang]["describe"], answer
+        return question, answer
     raise ValueError(f"not a text task: {task}")
 
 
@@ -275,18 +332,20 @@ def make_sample(rng: np.random.Generator, task: str | None = None, lang: str | N
         text = _random_text(rng)
         image, layout = _make_text_card(rng, text)
         objects = ()
-        question, answer = _text_qa(task, lang, text)
+        question, answer = _text_qa(rng, task, lang, text)
     else:
         n = int(rng.integers(2 if task == "position" else 1, 4))
         image, objects = _make_shapes(rng, n)
-        question, answer = _shape_qa(rng, task, lang, objects)
+        question, answer = _shape_qa(rng, task, lang, objects, canvas=image.shape[:2])
         layout = ()
     image.setflags(write=False)
     return Sample(image, question, answer, task, lang, kind, objects, layout)
 
 
-def follow_ups(rng: np.random.Generator, sample: Sample, max_extra: int = 3) -> list[tuple[str, str]]:
-    """Up to ``max_extra`` more (question, answer) pairs about the same image, in random languages.
+def follow_ups(rng: np.random.Generator, sample: Sample, max_extra: int = 3,
+               pool: str = "preset") -> list[tuple[str, str]]:
+    """Up to ``max_extra`` more (question, answer) pairs about the same image, in random languages,
+    phrased from ``pool`` (`vlservice.demo.phrasings`).
 
     Training packs them after the sample's own question as a multi-turn chat: the encoder runs
     once per image while the answers teach several times as much (and follow-up questions, which
@@ -298,11 +357,11 @@ def follow_ups(rng: np.random.Generator, sample: Sample, max_extra: int = 3) -> 
         lang = "en" if rng.random() < 0.5 else "zh"
         if sample.kind == "text":
             task = TEXT_TASKS[int(rng.integers(len(TEXT_TASKS)))]
-            question, answer = _text_qa(task, lang, sample.layout[0])
+            question, answer = _text_qa(rng, task, lang, sample.layout[0], pool)
         else:
             tasks = SHAPE_TASKS if len(sample.objects) >= 2 else ("describe", "color", "count")
             task = tasks[int(rng.integers(len(tasks)))]
-            question, answer = _shape_qa(rng, task, lang, sample.objects)
+            question, answer = _shape_qa(rng, task, lang, sample.objects, pool, sample.canvas)
         if question not in seen:
             seen.add(question)
             pairs.append((question, answer))
@@ -335,7 +394,7 @@ def label_maps(sample: Sample) -> np.ndarray:
     image instead of only from the few answer tokens that name them. Characters label their
     whole glyph box. Uses no randomness: the sample fixes everything.
     """
-    h, w = sample.image.shape[:2]
+    h, w = sample.canvas
     maps = np.zeros((h, w, 3), dtype=np.uint8)
     names = list(COLORS)
     for shape, color, cx, cy, r in sample.objects:
@@ -356,6 +415,8 @@ def label_maps(sample: Sample) -> np.ndarray:
             if ch != " ":
                 maps[top:bottom, max(0, x0):min(w, x1), 2] = 1 + CHARS.index(ch)
             x0 = x1
+    if sample.size:  # drawn larger, then scaled down: so are its labels
+        maps = cv2.resize(maps, sample.image.shape[1::-1], interpolation=cv2.INTER_NEAREST)
     return maps
 
 

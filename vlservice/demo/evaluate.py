@@ -55,11 +55,12 @@ def normalise(text: str) -> str:
 
 
 def run(model_dir: Path, n: int, seed: int, cache_dir: Path, threads: int = 0, backends=BACKENDS,
-        llm_int8: bool = False, batched: int = 0, plain_fp32: bool = False) -> dict:
+        llm_int8: bool = False, batched: int = 0, plain_fp32: bool = False, sets_n: int = 0) -> dict:
     """`batched` > 1: every question is also asked `batched` at a time (decoded together in one
     batch) and the answers are compared with those given one at a time. `plain_fp32`: also answer
     with the float32 LLM's plain `nn.Linear` weights (VL_LLM_PREPACK=false) and compare with the
-    prepacked default."""
+    prepacked default. `sets_n` > 0: the first vision path also answers that many questions of each
+    of `heldout.SETS` (held-out phrasings, out-of-style pictures, grounding boxes)."""
     from ..config import Settings
     from ..engine.service import load_service
     from ..engine.types import ChatRequest, ImageInput, Message, Sampling
@@ -67,6 +68,7 @@ def run(model_dir: Path, n: int, seed: int, cache_dir: Path, threads: int = 0, b
     samples = list(iter_samples(seed, n))
     answers: dict[str, list[str]] = {}
     same_batched: dict[str, float] = {}
+    sets: dict = {}
 
     def ask(s):
         return ChatRequest([Message("user", [ImageInput(encode_png(s.image)), s.question])],
@@ -95,6 +97,10 @@ def run(model_dir: Path, n: int, seed: int, cache_dir: Path, threads: int = 0, b
                     gens = [svc.submit(ask(s)) for s in samples[i:i + batched]]
                     together += [g.result()["text"] for g in gens]
                 same_batched[run_name] = sum(a == b for a, b in zip(out, together)) / len(samples)
+        if sets_n and name == runs[0][0]:
+            from .heldout import run_sets
+
+            sets = run_sets(svc, seed, sets_n)
         svc.close()
         del svc
     table: dict = {}
@@ -119,7 +125,7 @@ def run(model_dir: Path, n: int, seed: int, cache_dir: Path, threads: int = 0, b
     examples = [{"task": s.task, "lang": s.lang, "question": s.question, "expected": s.answer,
                  "answer": answers[list(answers)[-1]][i]} for i, s in enumerate(samples[:12])]
     return {"n": n, "seed": seed, "accuracy": table, "fp32_equals_torch": same, "counts": dict(counts),
-            "batched": batched, "batched_equals_alone": same_batched, "prepacked_equals_plain": plain_same,
+            "batched": batched, "batched_equals_alone": same_batched, "sets": sets, "prepacked_equals_plain": plain_same,
             "examples": examples}
 
 
@@ -140,6 +146,10 @@ def markdown(result: dict) -> str:
     if result["fp32_equals_torch"] is not None:
         lines.append(f"\nonnx-fp32 answers identical to PyTorch's: {result['fp32_equals_torch'] * 100:.1f}% "
                      f"of {result['n']} held-out images (seed {result['seed']}).")
+    if result.get("sets"):
+        from .heldout import markdown as sets_markdown
+
+        lines.append("\n" + sets_markdown(result["sets"]))
     return "\n".join(lines)
 
 
@@ -161,10 +171,13 @@ def main(argv=None) -> int:
     ap.add_argument("--plain-fp32", action="store_true",
                     help="also answer with plain float32 linears (VL_LLM_PREPACK=false) and report how often the "
                          "prepacked default gives the same answer")
+    ap.add_argument("--sets-n", type=int, default=None, metavar="N",
+                    help="questions per held-out phrasing / out-of-style set (default: --n; 0 skips them)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         result = run(args.model, args.n, args.seed, args.cache_dir or Path(tmp), backends=args.backends,
-                     llm_int8=args.llm_int8, batched=args.batched, plain_fp32=args.plain_fp32)
+                     llm_int8=args.llm_int8, batched=args.batched, plain_fp32=args.plain_fp32,
+                     sets_n=args.n if args.sets_n is None else args.sets_n)
     print(markdown(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, ensure_ascii=False))

@@ -16,6 +16,7 @@ PROMPTS: dict[str, dict[str, str]] = {
         "color": "What color is the {shape}?",
         "position_left": "Which shape is on the left?",
         "position_right": "Which shape is on the right?",
+        "locate": "Locate every object in the image and report their bounding boxes in JSON.",
     },
     "zh": {
         "describe": "描述这张图片。",
@@ -24,12 +25,13 @@ PROMPTS: dict[str, dict[str, str]] = {
         "color": "{shape}是什么颜色？",
         "position_left": "最左边的是什么图形？",
         "position_right": "最右边的是什么图形？",
+        "locate": "找出图中的每个物体，用 JSON 格式给出它们的边界框。",
     },
 }
 
 # The page's preset buttons, in order. Colour and position are left out: they only make sense about
 # the demo's own pictures of shapes, and a preset is offered for any image (with the real model too).
-PRESETS = ("describe", "ocr", "count")
+PRESETS = ("describe", "ocr", "count", "locate")
 
 
 def presets() -> list[dict[str, str]]:

@@ -8,7 +8,11 @@ tokenizer, chat template, preprocessor config) that the server loads like the re
 Two training aids speed it up (README: The bundled demo model): a per-token loss on the vision
 encoder's output (a linear probe, not saved, predicts the shape, colour and character under each
 token from `data.label_maps`), and follow-up questions about the same image packed as later chat
-turns. `--init` continues a checkpoint, `--focus` draws half the samples from the weak tasks.
+turns. `--init` continues a checkpoint (adopting a grown vocabulary: rows of tokens it knew are
+kept, new tokens start as the mean of the pieces the old vocabulary spelled them with), `--focus`
+draws half the samples from the weak tasks, `--mix varied` draws most pictures from
+`vlservice.demo.render`'s many styles with questions in many phrasings (`--mix classic`: the first
+recipe's generator and presets only).
 A loss curve is written as a PNG beside it. Same seed, same data, same initial weights.
 
 `--out` has no default and the shipped model (`vlservice/assets/demo-model`) is written only with
@@ -29,7 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import PROMPTS, TASKS, follow_ups, iter_samples, make_sample
+from .data import COLORS, COLORS_ZH, SHAPES, SHAPES_ZH, TASKS, follow_ups, iter_samples, make_sample
+from .phrasings import TRAIN
+from .render import iter_styled_samples, make_styled_sample
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +51,72 @@ DEMO_PREPROCESSOR = {"size": {"shortest_edge": 128 * 128, "longest_edge": 320 * 
 VOCAB_LIMIT = 1024
 
 
+MIXES = ("classic", "varied")
+CLASSIC_SHARE = 0.3  # of a varied mix's samples: the classic generator's, so its presets stay sharp
+
+
+def training_phrasings() -> set[str]:
+    """Every training phrasing with every shape (and coloured shape) filled in; never the held-out ones."""
+    names = {"en": ([*SHAPES], [f"{c} {s}" for c in COLORS for s in SHAPES]),
+             "zh": ([*SHAPES_ZH.values()], [f"{c}的{s}" for c in COLORS_ZH.values() for s in SHAPES_ZH.values()])}
+    out = set()
+    for lang, kinds in TRAIN.items():
+        shapes, objects = names[lang]
+        for phrasings in kinds.values():
+            for p in phrasings:
+                out |= {p.format(shape=x, object=y) for x in shapes for y in shapes + objects}
+    return out
+
+
 def corpus_texts(seed: int = 12345, n: int = 4000) -> list[str]:
-    """Every prompt and answer form, so the small vocabulary spells them in few tokens."""
-    texts = {p for lang in PROMPTS.values() for p in lang.values()}
+    """Every training question and answer form, so the small vocabulary spells them in few tokens."""
+    texts = training_phrasings()
     texts |= {t for s in iter_samples(seed, n) for t in (s.question, s.answer)}
+    texts |= {s.answer for s in iter_styled_samples(seed, n)}
     return sorted(texts)
+
+
+def adopt_vocabulary(model, old_tok, new_tok) -> None:
+    """Give ``model`` (trained with ``old_tok``) the embedding rows of ``new_tok``'s ids: a token
+    it knew keeps its row, a new one starts as the mean of the rows that spelled it before. The
+    config's special token ids (image, vision start, ...) move with them."""
+    import torch
+
+    from ..tools.checkpoints import token_ids
+
+    old_vocab, new_vocab = old_tok.get_vocab(), new_tok.get_vocab()
+    if old_vocab == new_vocab:
+        return
+    old = model.get_input_embeddings().weight.detach().clone()
+    size = (len(new_tok) + 63) // 64 * 64
+    model.resize_token_embeddings(size)
+    model.config.text_config.vocab_size = size
+    ids = token_ids(new_tok)
+    for key, value in ids.items():
+        if key != "eos_token_id":
+            setattr(model.config, key, value)
+    model.config.text_config.eos_token_id = ids["eos_token_id"]
+    model.config.text_config.bos_token_id = ids["bos_token_id"]
+    weight = model.get_input_embeddings().weight
+    with torch.no_grad():
+        weight.copy_(old.mean(0))
+        for token, i in new_vocab.items():
+            if token in old_vocab:
+                weight[i] = old[old_vocab[token]]
+            else:
+                weight[i] = old[_spelled(token, old_vocab)].mean(0)
+    model.tie_weights()
+
+
+def _spelled(token: str, vocab: dict[str, int]) -> list[int]:
+    """Ids of ``token`` spelled greedily (longest piece first) in ``vocab``; a byte-level vocabulary
+    holds every single byte, so any token can be spelled."""
+    ids, i = [], 0
+    while i < len(token):
+        j = max(j for j in range(i + 1, len(token) + 1) if token[i:j] in vocab)
+        ids.append(vocab[token[i:j]])
+        i = j
+    return ids
 
 
 def token_targets(sample, size: tuple[int, int], block: int) -> np.ndarray:
@@ -143,18 +210,31 @@ class Batcher:
         return batch
 
 
-def training_stream(seed: int, batch_size: int, extra_turns: int = 2,
-                    focus: tuple[str, ...] = ()) -> Iterator[tuple[list, list]]:
+def training_stream(seed: int, batch_size: int, extra_turns: int = 2, focus: tuple[str, ...] = (),
+                    mix: str = "classic") -> Iterator[tuple[list, list]]:
     """(samples, follow-up turns) of every training step, all drawn from one generator of ``seed``.
 
     The only source of training images: a test replays it to check that held-out images are not
-    among them. With ``focus``, half the samples ask one of those tasks (the rest follow the usual mix).
+    among them. With ``focus``, half the samples ask one of those tasks (the rest follow the usual
+    mix). ``mix`` "varied": CLASSIC_SHARE of the samples from the classic generator, the rest drawn
+    in `render.IN_STYLE` with the training phrasings.
     """
+    if mix not in MIXES:
+        raise ValueError(f"unknown mix {mix!r}; expected one of {MIXES}")
     rng = np.random.default_rng(seed)
+
+    def one():
+        task = focus[int(rng.integers(len(focus)))] if focus and rng.random() < 0.5 else None
+        if mix == "classic":
+            return make_sample(rng, task)
+        if rng.random() < CLASSIC_SHARE and task != "locate":
+            return make_sample(rng, task)
+        return make_styled_sample(rng, task=task)
+
+    pool = "preset" if mix == "classic" else "train"
     while True:
-        samples = [make_sample(rng, focus[int(rng.integers(len(focus)))] if focus and rng.random() < 0.5 else None)
-                   for _ in range(batch_size)]
-        yield samples, [follow_ups(rng, s, extra_turns) for s in samples]
+        samples = [one() for _ in range(batch_size)]
+        yield samples, [follow_ups(rng, s, extra_turns, pool) for s in samples]
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int = 100) -> float:
@@ -186,7 +266,8 @@ def plot_loss(losses: list[float], path: Path) -> None:
 
 
 def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads: int, init: Path | None = None,
-          warmup: int = 100, aux_weight: float = 1.0, extra_turns: int = 2, focus: tuple[str, ...] = ()) -> dict:
+          warmup: int = 100, aux_weight: float = 1.0, extra_turns: int = 2, focus: tuple[str, ...] = (),
+          mix: str = "classic") -> dict:
     import torch
     from tqdm import tqdm
     from transformers import Qwen3VLForConditionalGeneration
@@ -208,8 +289,11 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
     tok.pad_token = "<|endoftext|>"
     ids = token_ids(tok)
     config = make_config(DEMO_SIZES, vocab_size=(len(tok) + 63) // 64 * 64, token_ids=ids)
-    if init is not None:  # continue from a checkpoint made by this script (same vocabulary)
+    if init is not None:  # continue from a checkpoint made by this script
+        from transformers import AutoTokenizer
+
         model = Qwen3VLForConditionalGeneration.from_pretrained(str(init), dtype=torch.float32)
+        adopt_vocabulary(model, AutoTokenizer.from_pretrained(str(init)), tok)
     else:
         model = Qwen3VLForConditionalGeneration(config)
     model.train()
@@ -229,7 +313,7 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
     no_decay = [p for n, p in params if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.98))
-    stream = training_stream(seed, batch_size, extra_turns, focus)
+    stream = training_stream(seed, batch_size, extra_turns, focus, mix)
     losses, token_losses, t0 = [], [], time.time()
     bar = tqdm(range(steps), desc="train-demo", unit="step")
     for step in bar:
@@ -256,7 +340,7 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
                preprocessor=DEMO_PREPROCESSOR)
     previous = json.loads((init / "training.json").read_text()) if init and (init / "training.json").is_file() else None
     info = {"steps": steps, "seed": seed, "batch_size": batch_size, "lr": lr, "warmup": warmup,
-            "aux_weight": aux_weight, "extra_turns": extra_turns, "focus": list(focus),
+            "aux_weight": aux_weight, "extra_turns": extra_turns, "focus": list(focus), "mix": mix,
             "minutes": (time.time() - t0) / 60, "continued_from": previous,
             "first_loss": float(np.mean(losses[:5])), "final_loss": float(np.mean(losses[-100:])),
             "final_token_loss": float(np.mean(token_losses[-100:])) if token_losses else None,
@@ -300,6 +384,8 @@ def main(argv=None) -> int:
                     help="at most this many further questions about each training image, as later chat turns")
     ap.add_argument("--focus", nargs="*", default=[], choices=TASKS,
                     help="draw half the samples from these tasks (for a continuation on the weak ones)")
+    ap.add_argument("--mix", default="classic", choices=MIXES,
+                    help="classic: the first generator and the presets; varied: mostly the many styles and phrasings")
     args = ap.parse_args(argv)
     reason = refusal(args.out, args.seed, args.overwrite_bundled)
     if reason:
@@ -308,7 +394,7 @@ def main(argv=None) -> int:
     from ..config import _physical_cores
 
     info = train(args.out, args.steps, args.seed, args.batch_size, args.lr, args.threads or _physical_cores(),
-                 args.init, args.warmup, args.aux_weight, args.extra_turns, tuple(args.focus))
+                 args.init, args.warmup, args.aux_weight, args.extra_turns, tuple(args.focus), args.mix)
     print(json.dumps(info, indent=2))
     return 0
 
