@@ -17,7 +17,7 @@ export const STRINGS = {
     emptyHint: "Choose an image (or paste / drop one), then pick a preset or ask a question.",
     presetsLabel: "Presets",
     // Labels of the preset buttons by preset name (the prompts themselves come from /api/config).
-    presets: { describe: "Describe", ocr: "Read text (OCR)", count: "Count shapes", free: "Free question" },
+    presets: { describe: "Describe", ocr: "Read text (OCR)", count: "Count shapes", locate: "Find objects", free: "Free question" },
     questionLabel: "Question",
     questionPlaceholder: "Ask about the image… (Enter sends, Shift+Enter for a new line)",
     send: "Send",
@@ -105,7 +105,7 @@ export const STRINGS = {
     newChat: "新对话",
     emptyHint: "选择一张图片（或粘贴 / 拖入），然后点一个预设或提出问题。",
     presetsLabel: "预设",
-    presets: { describe: "描述", ocr: "识别文字", count: "数图形", free: "自由提问" },
+    presets: { describe: "描述", ocr: "识别文字", count: "数图形", locate: "找出物体", free: "自由提问" },
     questionLabel: "问题",
     questionPlaceholder: "就这张图片提问…（Enter 发送，Shift+Enter 换行）",
     send: "发送",
