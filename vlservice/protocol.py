@@ -465,6 +465,27 @@ class Choice(_Out):
     logprobs: None
 
 
+class BoxObject(_Out):
+    label: str = Field(description="the model's label; \"\" when it gave none")
+    box: list[int] = Field(min_length=4, max_length=4, description="[x1, y1, x2, y2] in pixels, x1 <= x2, y1 <= y2")
+
+
+class PointObject(_Out):
+    label: str = Field(description="the model's label; \"\" when it gave none")
+    point: list[int] = Field(min_length=2, max_length=2, description="[x, y] in pixels")
+
+
+class Grounding(_Out):
+    """Extension: the boxes (`bbox_2d`) and points (`point_2d`) the answer's text holds, converted
+    from the model's 0-1000 relative coordinates to pixels of one image of the request (the last
+    one, Qwen3-VL's convention), in the order written. Absent when there are none."""
+
+    image: int = Field(ge=0, description="which image of the request, counting image parts from 0 in message order")
+    width: int = Field(ge=1, description="that image's width in pixels, as the server decoded it")
+    height: int = Field(ge=1, description="that image's height in pixels")
+    objects: list[BoxObject | PointObject] = Field(min_length=1)
+
+
 class ChatCompletion(_Out):
     id: str = Field(pattern="^chatcmpl-")
     object: Literal["chat.completion"]
@@ -474,6 +495,7 @@ class ChatCompletion(_Out):
     usage: Usage
     timings: Timings
     system_fingerprint: str = _absent()
+    grounding: Grounding = _absent()
 
 
 class Delta(_Out):
@@ -489,8 +511,9 @@ class ChunkChoice(_Out):
 
 
 class ChatCompletionChunk(_Out):
-    """One `data:` event of a streamed answer; the last one (with `stream_options.include_usage`) has
-    empty `choices`, `usage` and `timings`."""
+    """One `data:` event of a streamed answer; the one with `finish_reason` carries `grounding` (when the
+    answer holds boxes or points); the last one (with `stream_options.include_usage`) has empty
+    `choices`, `usage` and `timings`."""
 
     id: str
     object: Literal["chat.completion.chunk"]
@@ -499,6 +522,7 @@ class ChatCompletionChunk(_Out):
     choices: list[ChunkChoice] = Field(max_length=1)
     usage: Usage | None
     timings: Timings = _absent()
+    grounding: Grounding = _absent()
 
 
 class ErrorDetail(_Out):

@@ -22,6 +22,12 @@ class Generation:
         self.queue: queue.Queue = queue.Queue()
         self.created = int(time.time())
 
+    @property
+    def image_sizes(self) -> list[tuple[int, int]]:
+        """(width, height) of each image of the request as decoded (EXIF orientation applied): the
+        pixels its answer's grounding coordinates are converted to."""
+        return [(p.source_size[1], p.source_size[0]) for p in self.work["prepared"]]
+
     def cancel(self) -> None:
         self.cancelled.set()
 

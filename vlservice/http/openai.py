@@ -11,6 +11,7 @@ import time
 
 from flask import Blueprint, Response, g, request
 
+from ..engine.grounding import GroundingParser, grounding, parse
 from ..errors import InvalidRequest, NotFound
 from ..protocol import parse_chat
 from .context import current
@@ -84,15 +85,19 @@ def chat_completions():
                      "finish_reason": result["finish_reason"], "logprobs": None}],
         "usage": result["usage"], "timings": result["timings"], "system_fingerprint": ctx.service.model_fp,
     }
+    boxes = grounding(parse(result["text"]), gen.image_sizes)
+    if boxes:
+        body["grounding"] = boxes
     return Response(json.dumps(body, ensure_ascii=False), mimetype="application/json", headers=headers)
 
 
 def _chunk(gen, model, delta=None, finish=None, **extra) -> str:
+    """One `data:` event; `extra` fields at the top level, those that are None left out."""
     body = {"id": gen.id, "object": "chat.completion.chunk", "created": gen.created, "model": model,
             "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish,
                                                   "logprobs": None}],
             "usage": None}
-    body.update(extra)
+    body.update((k, v) for k, v in extra.items() if v is not None)
     return "data: " + json.dumps(body, ensure_ascii=False) + "\n\n"
 
 
@@ -118,12 +123,14 @@ def _sse(gen, model, include_usage, record, t0, include_stages=False):
     # the first bytes: headers reach the client now
     yield _stage("queued", include_stages, position=gen.work["queue_position"])
     yield _chunk(gen, model, {"role": "assistant", "content": ""})
+    boxes = GroundingParser()
     for ev in gen.events(ping_every=PING_EVERY_S):
         if ev is None:
             yield ": ping\n\n"
         elif ev.kind == "stage":
             yield _stage(ev.data["stage"], include_stages)
         elif ev.kind == "delta":
+            boxes.feed(ev.text)
             yield _chunk(gen, model, {"content": ev.text})
         elif ev.kind == "error":
             record.finish(ev.error.status)
@@ -133,7 +140,7 @@ def _sse(gen, model, include_usage, record, t0, include_stages=False):
         elif ev.kind == "done":
             record.result = ev.data
             record.finish(200)
-            yield _chunk(gen, model, {}, ev.data["finish_reason"])
+            yield _chunk(gen, model, {}, ev.data["finish_reason"], grounding=grounding(boxes.items, gen.image_sizes))
             if include_usage:
                 yield _chunk(gen, model, None, usage=ev.data["usage"], timings=ev.data["timings"])
             yield "data: [DONE]\n\n"
