@@ -7,6 +7,7 @@
  */
 
 import { cancelChat, config, getApiKey, httpError, postChat, readChatStream, setApiKey } from "./api.js";
+import { createOverlay, lastImageUrl } from "./grounding.js";
 import { currentImage } from "./images.js";
 import { scheduleStats } from "./cpu.js";
 import { lang, onLanguage, presetLabel, table, tr } from "./strings.js";
@@ -129,6 +130,7 @@ function updateEmptyHint() {
 function appendContent(turn, text) {
   turn.assistant.text += text;
   turn.el.textNode.appendData(text);
+  if (turn.el.grounding) turn.el.grounding.feed(text); // boxes and points drawn as they arrive
   turn.el.node.classList.remove("pending");
   if (uiState !== "generating") setState("generating");
   scrollToBottom(false);
@@ -276,6 +278,7 @@ async function send() {
   const { msgs } = buildMessages(turn);
 
   addBubbles(turn);
+  turn.el.grounding = createOverlay(turn.el.node, lastImageUrl(msgs));
   updateEmptyHint();
   dom.question.value = "";
   autoGrow();

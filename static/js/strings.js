@@ -75,6 +75,8 @@ export const STRINGS = {
     configError: "Could not load the server configuration; retrying…",
     demoNotice: "Demo mode.",
     lastAnswer: "Last answer",
+    groundingShow: "Show boxes",
+    groundingDownload: "Download image with boxes",
     t: {
       queue_ms: "Queue",
       image_decode_ms: "Image decode",
@@ -163,6 +165,8 @@ export const STRINGS = {
     configError: "无法加载服务器配置，正在重试…",
     demoNotice: "演示模式。",
     lastAnswer: "上一个回答",
+    groundingShow: "显示标注框",
+    groundingDownload: "下载带标注框的图片",
     t: {
       queue_ms: "排队",
       image_decode_ms: "图像解码",
