@@ -310,7 +310,10 @@ def test_llm_int8_is_opt_in_and_answers(settings_for):
 
     svc = load_service(settings_for(vision_backend="onnx-int8", llm_quant="int8", warmup=False, disk_cache_mb=0))
     quantised = [m for m in svc.model.modules() if isinstance(m, QLinear)]
-    assert len(quantised) == 7 * 2 + 1  # q, k, v, o, gate, up, down per layer, and the head
+    # per layer: q/k/v as one product, o, gate/up as one product, down; and the head
+    assert len(quantised) == 4 * 2 + 1
+    attn = svc.model.model.language_model.layers[0].self_attn
+    assert attn.q_proj.fused is attn.k_proj.fused is attn.v_proj.fused
     r = ask(svc, ImageInput(png_bytes(scene(seed=40))), QUESTION, max_tokens=6, min_tokens=6)
     assert r["usage"]["completion_tokens"] == 6 and r["text"]
 

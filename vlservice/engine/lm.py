@@ -48,6 +48,9 @@ class LeanLM:
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.dtype = self.embed.weight.dtype
+        # per layer: the fused q/k/v and gate/up products (quant.fuse_int8_projections), if any
+        self.fused = [(_fused(layer.self_attn, "q_proj", "k_proj", "v_proj"), _fused(layer.mlp, "gate_proj", "up_proj"))
+                      for layer in self.layers]
 
     def new_kv(self, capacity: int = 0) -> SeqKV:
         return SeqKV(len(self.layers), self.kv_heads, self.head_dim, self.dtype, capacity)
@@ -96,9 +99,14 @@ class LeanLM:
             attn = layer.self_attn
             residual = hidden
             h = layer.input_layernorm(hidden)
-            q = attn.q_norm(attn.q_proj(h).view(shape)).transpose(1, 2)
-            k = attn.k_norm(attn.k_proj(h).view(shape)).transpose(1, 2)
-            v = attn.v_proj(h).view(shape).transpose(1, 2)
+            qkv, gate_up = self.fused[i]
+            if qkv is None:
+                q_, k_, v_ = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+            else:  # one product for the three (the same bits: see quant.fuse_int8_projections)
+                q_, k_, v_ = qkv[0](h).split(qkv[1], dim=-1)
+            q = attn.q_norm(q_.reshape(shape)).transpose(1, 2)
+            k = attn.k_norm(k_.reshape(shape)).transpose(1, 2)
+            v = v_.reshape(shape).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             outs = []
             for j, kv in enumerate(kvs):
@@ -109,7 +117,22 @@ class LeanLM:
             o = outs[0] if b == 1 else torch.cat(outs)
             hidden = residual + attn.o_proj(o.reshape(b, n, -1).contiguous())
             residual = hidden
-            hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
+            h = layer.post_attention_layernorm(hidden)
+            if gate_up is None:
+                hidden = residual + layer.mlp(h)
+            else:
+                mlp = layer.mlp
+                g, u = gate_up[0](h).split(gate_up[1], dim=-1)
+                hidden = residual + mlp.down_proj(mlp.act_fn(g) * u)
             if deepstack is not None and i < len(deepstack) and deepstack[i] is not None:
                 hidden = self.text._deepstack_process(hidden, visual_mask, deepstack[i])
         return hidden
+
+
+def _fused(parent, *names):
+    """(fused product, column sizes) when `names` are slices of one fused product, else None."""
+    mods = [getattr(parent, n) for n in names]
+    fused = getattr(mods[0], "fused", None)
+    if fused is None or any(getattr(m, "fused", None) is not fused for m in mods):
+        return None
+    return fused, [m.out_features for m in mods]

@@ -334,15 +334,18 @@ def _RowScaledLinear():  # noqa: N802 - a class made on first use (torch is impo
         class RowScaledDynamicLinear(base):
             def forward(self, x):
                 shape = x.shape
-                rows = x.reshape(-1, shape[-1]).float()
+                rows = x.reshape(-1, shape[-1])
                 scale = rows.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30)
-                pin = rows.new_zeros(1, shape[-1])
-                pin[0, 0], pin[0, -1] = -1.0, 1.0
+                pin = self.__dict__.get("_pin")
+                if pin is None or pin.dtype != rows.dtype:  # made once per module, not per call
+                    pin = rows.new_zeros(1, shape[-1])
+                    pin[0, 0], pin[0, -1] = -1.0, 1.0
+                    self.__dict__["_pin"] = pin
                 y = torch.ops.quantized.linear_dynamic(torch.cat([rows / scale, pin]),
                                                        self._packed_params._packed_params, reduce_range=True)[:-1]
                 bias = self.bias()
                 y = y * scale if bias is None else (y - bias) * scale + bias
-                return y.reshape(*shape[:-1], y.shape[-1]).to(x.dtype)
+                return y.view(*shape[:-1], y.shape[-1])
 
             def _get_name(self):
                 return "RowScaledDynamicQuantizedLinear"
@@ -412,3 +415,69 @@ def PackedLinear(linear):  # noqa: N802 - builds the module class on first use (
 
         _PACKED = _PackedLinear
     return _PACKED(linear)
+
+
+# --------------------------------------------------------------------------- fused INT8 projections
+
+def fuse_int8_projections(model) -> int:
+    """Each decoder layer's q/k/v and gate/up INT8 linears as one product each; returns how many
+    fused products were made.
+
+    A decode step then quantises each layer's input activations twice instead of five times and
+    makes 4 INT8 calls instead of 7 (the Python around every call is a measurable share of an
+    INT8 token). The results are the same bits: the weights are per output channel and the
+    products accumulate in int32, so a column does not depend on its neighbours. The old modules
+    become slices of the fused one, so the model's own forward still runs (computing the fused
+    product per slice); `LeanLM` calls the fused product once. One copy of the weights.
+    """
+    import torch
+
+    Row = _RowScaledLinear()
+    made = 0
+    for layer in model.model.language_model.layers:
+        for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj")), (layer.mlp, ("gate_proj", "up_proj"))):
+            mods = [getattr(parent, n) for n in names]
+            if not all(type(m) is Row for m in mods):
+                continue
+            weights, biases = zip(*(m._packed_params._weight_bias() for m in mods))
+            q = torch.cat([w.int_repr() for w in weights])
+            scales = torch.cat([w.q_per_channel_scales() for w in weights])
+            zeros = torch.cat([w.q_per_channel_zero_points() for w in weights])
+            bias = None
+            if any(b is not None for b in biases):
+                bias = torch.cat([b if b is not None else torch.zeros(w.shape[0]) for w, b in zip(weights, biases)])
+            fused = _dynamic_linear()(q.shape[1], q.shape[0], bias_=bias is not None, dtype=torch.qint8)
+            fused.set_weight_bias(torch._make_per_channel_quantized_tensor(q, scales.double(), zeros.long(), 0), bias)
+            fused.__class__ = Row
+            start = 0
+            for name, w in zip(names, weights):
+                setattr(parent, name, FusedSlice(fused, start, start + w.shape[0]))
+                start += w.shape[0]
+            made += 1
+    return made
+
+
+_SLICE = None
+
+
+def FusedSlice(fused, start: int, end: int):  # noqa: N802 - the module class is made on first use
+    global _SLICE
+    if _SLICE is None:
+        import torch
+
+        class _FusedSlice(torch.nn.Module):
+            """Columns [start, end) of a fused product: what one of the fused linears computed."""
+
+            def __init__(self, fused, start, end):
+                super().__init__()
+                self.fused, self.start, self.end = fused, start, end
+                self.in_features, self.out_features = fused.in_features, end - start
+
+            def forward(self, x):
+                return self.fused(x)[..., self.start:self.end]
+
+            def extra_repr(self):
+                return f"columns {self.start}:{self.end} of a fused INT8 product"
+
+        _SLICE = _FusedSlice
+    return _SLICE(fused, start, end)

@@ -114,6 +114,11 @@ class Scheduler:
         self.steps = 0
         self.last_batch = 0
         self.batch_hist: dict[int, int] = {}
+        # per batch size: [steps, forward s, step s (forward, sampling, text out), cycles, cycle s]; a
+        # cycle is one step start to the next with nothing else in between (no admission, no
+        # prefill chunk): what a token costs each running stream, overhead of the loop included
+        self.step_times: dict[int, list] = {}
+        self._last_start: tuple[float, int] | None = None
         self.listeners = service.step_listeners  # callables(batch size) per decode step (metrics)
 
     # ----------------------------------------------------------------- callers' side
@@ -151,7 +156,16 @@ class Scheduler:
         return {"running": len(self.running), "waiting": len(self._waiting), "slots": self.max_batch,
                 "prefill_chunk": self.prefill_chunk, "steps": self.steps, "last_batch": self.last_batch,
                 "batch_sizes": dict(sorted(self.batch_hist.items())),
+                "step_ms": self.step_ms(),
                 "kv_bytes": sum(s.kv.nbytes for s in list(self.running) if s.kv is not None)}
+
+    def step_ms(self) -> dict:
+        """Mean decode-step times by batch size: the forward pass, the whole step, the whole cycle."""
+        out = {}
+        for b, (n, fwd, step, cycles, cycle_s) in sorted(self.step_times.items()):
+            out[b] = {"steps": n, "forward_ms": round(fwd / n * 1e3, 2), "step_ms": round(step / n * 1e3, 2),
+                      "cycles": cycles, "cycle_ms": round(cycle_s / cycles * 1e3, 2) if cycles else None}
+        return out
 
     # ----------------------------------------------------------------- the loop
     def _loop(self) -> None:
@@ -235,6 +249,7 @@ class Scheduler:
 
     # ----------------------------------------------------------------- admission
     def _admit(self, gen) -> None:
+        self._last_start = None  # the next decode step's cycle includes this admission
         svc = self.service
         now = time.perf_counter()
         if gen.cancelled.is_set():
@@ -289,6 +304,7 @@ class Scheduler:
 
     # ----------------------------------------------------------------- prefill
     def _prefill_chunk(self, seq: Sequence) -> None:
+        self._last_start = None  # the next decode step's cycle includes this chunk
         t0 = time.perf_counter()
         try:
             assert seq.inputs is not None, "a sequence prefills between `_setup` and its last chunk"
@@ -337,6 +353,12 @@ class Scheduler:
 
     # ----------------------------------------------------------------- decode
     def _decode_step(self, batch: list) -> None:
+        t0 = time.perf_counter()
+        if self._last_start is not None:
+            times = self.step_times.setdefault(self._last_start[1], [0, 0.0, 0.0, 0, 0.0])
+            times[3] += 1
+            times[4] += t0 - self._last_start[0]
+        self._last_start = (t0, len(batch))
         try:
             logits = self.lean.decode([s.pending for s in batch], [s.kv for s in batch], [s.pos for s in batch])
         except Exception as exc:
@@ -344,6 +366,7 @@ class Scheduler:
             for s in batch:
                 self._drop(s, exc)
             return
+        t1 = time.perf_counter()
         self.steps += 1
         self.last_batch = len(batch)
         self.batch_hist[len(batch)] = self.batch_hist.get(len(batch), 0) + 1
@@ -357,6 +380,10 @@ class Scheduler:
                 self._accept(s, token)
             except Exception as exc:
                 self._drop(s, exc)
+        times = self.step_times.setdefault(len(batch), [0, 0.0, 0.0, 0, 0.0])
+        times[0] += 1
+        times[1] += t1 - t0
+        times[2] += time.perf_counter() - t0
 
     def _accept(self, seq: Sequence, token: int) -> None:
         """A sampled token: the end, or text out and the next step."""

@@ -87,9 +87,10 @@ class VLModelService:
 
             self.quantize_s = quantize_llm_int8(model)
         if settings.llm_quant == "int8":
-            from .quant import make_rows_independent
+            from .quant import fuse_int8_projections, make_rows_independent
 
             make_rows_independent(model)  # a request's answer must not depend on who shares its batch
+            fuse_int8_projections(model)  # q/k/v and gate/up as one product each (the same bits)
         self.model = model.eval()
         self.model.requires_grad_(False)
         gen = self.model.generation_config
