@@ -92,14 +92,14 @@ def run_sets(service, seed: int, n: int) -> dict:
     out = {}
     for name, style, pool, k in SETS:
         samples = list(iter_styled_samples([seed, k], n, style, pool))
-        gens = [service.submit(ChatRequest([Message("user", [ImageInput(encode_png(s.image)), s.question])],
-                                           Sampling(max_tokens=MAX_TOKENS), result_cache=False)) for s in samples]
+        answers = [service.submit(ChatRequest([Message("user", [ImageInput(encode_png(s.image)), s.question])],
+                                              Sampling(max_tokens=MAX_TOKENS), result_cache=False)).result()["text"]
+                   for s in samples]
         per: dict = defaultdict(lambda: [0, 0])
         boxes = [0, 0]
         right = 0
         examples = []
-        for s, g in zip(samples, gens):
-            answer = g.result()["text"]
+        for s, answer in zip(samples, answers):
             ok, scored = check(s, answer)
             right += ok
             per[s.task][0] += ok
