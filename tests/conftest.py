@@ -82,6 +82,23 @@ def scene(h=120, w=200, seed=0) -> np.ndarray:
     return img
 
 
+# What this opencv-python-headless can write (no H.264 encoder: tests/fixtures has one H.264 clip).
+VIDEO_WRITERS = {"mp4v": ".mp4", "VP80": ".webm", "VP90": ".webm", "MJPG": ".avi"}
+
+
+def make_clip(folder: Path, fourcc="VP80", fps=10.0, frames=30, size=(96, 64)) -> bytes:
+    """A clip whose frame i says i in its colour: RGB (8 * (i % 32), 8 * (i // 32), 128)."""
+    import cv2
+
+    path = folder / f"clip-{fourcc}-{fps}-{frames}-{size[0]}x{size[1]}{VIDEO_WRITERS[fourcc]}"
+    w = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), fps, size)
+    assert w.isOpened(), f"this OpenCV cannot write {fourcc}"
+    for i in range(frames):
+        w.write(np.full((size[1], size[0], 3), (128, 8 * (i // 32), 8 * (i % 32)), np.uint8))  # BGR
+    w.release()
+    return path.read_bytes()
+
+
 # The suite runs in tiers, fastest first, each marked by its folder: a broken unit fails in
 # seconds, before the server, browser and tool tiers start.
 TIERS = ("unit", "engine", "api", "browser", "tools", "deploy")

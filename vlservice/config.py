@@ -69,6 +69,13 @@ class Settings:
     detail_low_pixels: int = 256 * 32 * 32  # about 256 image tokens
     detail_auto_pixels: int = 768 * 32 * 32  # about 768 image tokens
     detail_high_pixels: int = 2048 * 32 * 32  # about 2048 image tokens
+    max_videos: int = 1  # per request
+    max_video_bytes: int = 32 * 1024 * 1024  # encoded size of one video
+    max_video_seconds: float = 120.0  # duration read from the container, before decoding
+    max_video_frames: int = 64  # sampled frames per video (the model takes them in pairs)
+    video_detail_low_pixels: int = 64 * 32 * 32  # per sampled frame: about 64 tokens per frame pair
+    video_detail_auto_pixels: int = 256 * 32 * 32  # about 256 tokens per frame pair
+    video_detail_high_pixels: int = 768 * 32 * 32  # the reference processor's own per-frame cap
     feature_cache_mb: int = 512  # memory tier
     kv_cache_mb: int = 1024  # conversations' KV caches kept for follow-ups; 0 turns reuse off
     result_cache_entries: int = 256  # identical greedy requests answered at once; 0 turns it off
@@ -149,6 +156,13 @@ class Settings:
     @property
     def cache_path(self) -> Path:
         return Path(self.cache_dir)
+
+    def video_frame_pixels(self, detail: str) -> int:
+        return {
+            "low": self.video_detail_low_pixels,
+            "auto": self.video_detail_auto_pixels,
+            "high": self.video_detail_high_pixels,
+        }[detail]
 
     def detail_pixels(self, detail: str) -> int:
         return {

@@ -38,6 +38,14 @@ class ImageTooLarge(APIError):
     code = "image_too_large"
 
 
+class InvalidVideo(APIError):
+    code = "invalid_video"
+
+
+class VideoTooLarge(APIError):
+    code = "video_too_large"
+
+
 class ContextLengthExceeded(APIError):
     code = "context_length_exceeded"
 

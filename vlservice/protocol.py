@@ -19,6 +19,8 @@ payload is an image of the type it declares, remote URLs) is checked while build
 import base64
 import binascii
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Annotated, Any, Literal, Union
 
@@ -29,13 +31,16 @@ from pydantic_core import PydanticCustomError
 
 from .config import Settings
 from .engine.images import probe
-from .engine.types import ChatRequest, ImageInput, Message, Sampling
-from .errors import APIError, ImageTooLarge, InvalidImage, InvalidRequest
+from .engine.types import ChatRequest, ImageInput, Message, Sampling, VideoInput
+from .engine.video import sniff
+from .errors import APIError, ImageTooLarge, InvalidImage, InvalidRequest, InvalidVideo, VideoTooLarge
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 DETAILS = ("low", "auto", "high")
 MEDIA_TYPES = {"image/png": "png", "image/jpeg": "jpeg", "image/jpg": "jpeg", "image/webp": "webp",
                "image/bmp": "bmp", "image/x-ms-bmp": "bmp", "image/gif": "gif"}
+VIDEO_TYPES = {"video/mp4": "mp4", "video/quicktime": "mp4", "video/webm": "webm", "video/x-matroska": "webm",
+               "video/avi": "avi", "video/x-msvideo": "avi"}
 MAX_STOP = 4
 MAX_STOP_CHARS = 64
 INTEGERS = ("max_tokens", "max_completion_tokens", "min_tokens", "top_k", "seed", "n")
@@ -79,9 +84,28 @@ class ImagePart(_In):
         description="an object with `url`, or the URL itself as a string")
 
 
+class VideoURL(_In):
+    url: str = Field(description="the clip as a data URL, `data:video/<mp4|webm|quicktime|x-matroska|avi>;base64,"
+                                 "<payload>` (the declared type must match the data), or an https URL when the "
+                                 "server allows remote files (VL_REMOTE_IMAGES)")
+    detail: Literal["low", "auto", "high"] | None = Field(
+        None, description="per-frame resolution budget (see /api/config `video_detail_max_pixels`); null means auto")
+    fps: float | None = Field(None, gt=0, le=30, description="frames sampled per second of video (default 2, as "
+                                                           "the model's processor)")
+    max_frames: int | None = Field(None, ge=4, description="at most this many sampled frames (default and upper "
+                                                            "bound: VL_MAX_VIDEO_FRAMES; an odd number counts as "
+                                                            "the even one below: frames go in pairs)")
+
+
+class VideoPart(_In):
+    type: Literal["video_url"]
+    video_url: VideoURL = Field(description="vLLM's video part: an object with `url` and optional `fps`, "
+                                            "`max_frames`, `detail`")
+
+
 def _part_tag(v):
     if isinstance(v, dict) and isinstance(v.get("type"), str):
-        return {"text": "TextPart", "image_url": "ImagePart"}.get(v["type"])
+        return {"text": "TextPart", "image_url": "ImagePart", "video_url": "VideoPart"}.get(v["type"])
 
 
 def _text_only(v):
@@ -96,7 +120,7 @@ def _content_tag(v):
 
 
 UserContent = _tagged(_content_tag, "content_type", ("Text", str), ("Parts", list[_tagged(
-    _part_tag, "part_type", ("TextPart", TextPart), ("ImagePart", ImagePart))]))
+    _part_tag, "part_type", ("TextPart", TextPart), ("ImagePart", ImagePart), ("VideoPart", VideoPart))]))
 TextContent = _tagged(_content_tag, "content_type", ("Text", str),
                       ("Parts", list[Annotated[TextPart, BeforeValidator(_text_only)]]))
 
@@ -167,6 +191,7 @@ def _num(lo, hi, description: str, *, gt: bool = False):
 def request_model(settings: Settings) -> type[BaseModel]:
     """The request model with this server's bounds (built once per `Settings`)."""
     cap, default_max, max_images = settings.max_tokens_cap, settings.default_max_tokens, settings.max_images
+    max_videos, max_frames = settings.max_videos, settings.max_video_frames
 
     class ChatCompletionRequest(_In):
         """OpenAI Chat Completions request. Fields this server does not know are ignored; the known
@@ -234,6 +259,16 @@ def request_model(settings: Settings) -> type[BaseModel]:
             if len(images) > max_images:
                 raise PydanticCustomError("too_many_images", f"at most {max_images} images per request, got "
                                           f"{len(images)}", {"param": images[max_images]})
+            videos = [(f"messages[{i}].content[{j}]", p) for i, m in enumerate(self.messages)
+                      if isinstance(m.content, list) for j, p in enumerate(m.content) if isinstance(p, VideoPart)]
+            if len(videos) > max_videos:
+                raise PydanticCustomError("too_many_videos", f"at most {max_videos} videos per request, got "
+                                          f"{len(videos)}", {"param": videos[max_videos][0]})
+            for where, part in videos:
+                n = part.video_url.max_frames
+                if n is not None and n > max_frames:
+                    raise PydanticCustomError("invalid_value", f"`{where}.video_url.max_frames` must be between 4 "
+                                              f"and {max_frames}, got {n}", {"param": f"{where}.video_url.max_frames"})
             param = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
             limit = self.max_completion_tokens or self.max_tokens or default_max
             if self.min_tokens is not None and self.min_tokens > limit:
@@ -289,9 +324,9 @@ def _explain(err: dict, model) -> tuple[str, str, str]:
     if kind in ("part_type", "text_part_type"):
         if not isinstance(value, dict):
             return f"`{p}` must be an object", p, "invalid_type"
-        if value.get("type") == "image_url":
-            return f"images are accepted in user messages only (`{p}`)", p, "invalid_value"
-        allowed = '"text" or "image_url"' if kind == "part_type" else '"text"'
+        if value.get("type") in ("image_url", "video_url"):
+            return f"images and videos are accepted in user messages only (`{p}`)", p, "invalid_value"
+        allowed = '"text", "image_url" or "video_url"' if kind == "part_type" else '"text"'
         return f"`{p}.type` must be {allowed}, got {value.get('type')!r}", f"{p}.type", "invalid_value"
     if kind == "content_type":
         return f"`{p}` must be a string or a list of parts", p, "invalid_type"
@@ -369,6 +404,8 @@ def _parts(content, where: str, settings: Settings, fetch_remote) -> list:
     for j, part in enumerate(content):
         if isinstance(part, TextPart):
             out.append(part.text)
+        elif isinstance(part, VideoPart):
+            out.append(_video(part.video_url, f"{where}.content[{j}].video_url", settings, fetch_remote))
         else:
             out.append(_image(part.image_url, f"{where}.content[{j}].image_url", settings, fetch_remote))
     return out
@@ -389,31 +426,69 @@ def _image(spec, param: str, settings: Settings, fetch_remote) -> ImageInput:
                          code="invalid_image_url")
 
 
-def decode_data_url(url: str, param: str, max_bytes: int) -> bytes:
+def _video(spec: VideoURL, param: str, settings: Settings, fetch_remote) -> VideoInput:
+    def clip(data: bytes) -> VideoInput:
+        return VideoInput(data=data, detail=spec.detail or "auto", fps=spec.fps, max_frames=spec.max_frames,
+                          param=param)
+
+    url = spec.url
+    if url.startswith("data:"):
+        return clip(decode_data_url(url, param, settings.max_video_bytes, VIDEO))
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if scheme in ("http", "https"):
+        if fetch_remote is None:
+            raise InvalidRequest("remote URLs are disabled on this server; send the video as a data URL "
+                                 "(data:video/mp4;base64,...)", param=param, code="remote_images_disabled")
+        try:
+            return clip(fetch_remote(url, param, max_bytes=settings.max_video_bytes))
+        except ImageTooLarge as exc:  # the fetcher's size error, said of a video
+            raise VideoTooLarge(exc.message, param=param) from None
+    raise InvalidRequest(f"unsupported video URL scheme {scheme or url[:16]!r}: use a data URL", param=param,
+                         code="invalid_video_url")
+
+
+@dataclass(frozen=True)
+class _Media:
+    """What a data URL may hold: its media types, and the errors that name it."""
+
+    what: str
+    types: dict
+    names: str
+    invalid: type[APIError]
+    too_large: type[APIError]
+    kind_of: Callable[[bytes], str]  # the format the bytes are, from their first bytes
+
+
+IMAGE = _Media("image", MEDIA_TYPES, "PNG, JPEG, WebP, BMP or GIF", InvalidImage, ImageTooLarge, lambda d: probe(d)[0])
+VIDEO = _Media("video", VIDEO_TYPES, "MP4, WebM, QuickTime, Matroska or AVI", InvalidVideo, VideoTooLarge, sniff)
+
+
+def decode_data_url(url: str, param: str, max_bytes: int, media: _Media = IMAGE) -> bytes:
+    """A `data:<type>;base64,` URL's bytes, checked: the size before decoding, the declared type
+    against the data after."""
     m = _DATA_URL.match(url[:256])
     if not m:
-        raise InvalidImage("malformed data URL: expected data:image/...;base64,...", param=param)
+        raise media.invalid(f"malformed data URL: expected data:{media.what}/...;base64,...", param=param)
     if not m.group("b64"):
-        raise InvalidImage("the data URL must be base64-encoded (;base64,)", param=param)
+        raise media.invalid("the data URL must be base64-encoded (;base64,)", param=param)
     declared = (m.group("type") or "").lower()
-    if declared and declared not in MEDIA_TYPES:
-        raise InvalidImage(f"unsupported media type {declared!r}; send PNG, JPEG, WebP, BMP or GIF", param=param)
+    if declared and declared not in media.types:
+        raise media.invalid(f"unsupported media type {declared!r}; send {media.names}", param=param)
     payload = url[m.end():]
     if len(payload) > (max_bytes * 4) // 3 + 8:
-        raise ImageTooLarge(f"the image is larger than the limit of {max_bytes} bytes", param=param)
+        raise media.too_large(f"the {media.what} is larger than the limit of {max_bytes} bytes", param=param)
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        raise InvalidImage("the data URL's base64 payload is invalid", param=param) from None
+        raise media.invalid("the data URL's base64 payload is invalid", param=param) from None
     if declared:
         try:
-            actual = probe(data)[0]
+            actual = media.kind_of(data)
         except APIError as exc:
             exc.param = param
             raise
-        if MEDIA_TYPES[declared] != actual:
-            raise InvalidImage(f"the data URL says {declared} but the data is {actual.upper()}", param=param,
-                               code="invalid_image")
+        if media.types[declared] != actual:
+            raise media.invalid(f"the data URL says {declared} but the data is {actual.upper()}", param=param)
     return data
 
 
@@ -531,7 +606,8 @@ class ErrorDetail(_Out):
     param: str | None = Field(description="the request field at fault, e.g. `messages[0].content[1].image_url`")
     code: str | None = Field(examples=[
         "invalid_value", "invalid_type", "invalid_json", "empty", "unsupported_parameter", "invalid_image",
-        "image_too_large", "too_many_images", "context_length_exceeded", "request_too_large", "invalid_api_key",
+        "image_too_large", "too_many_images", "invalid_video", "video_too_large", "too_many_videos",
+        "context_length_exceeded", "request_too_large", "invalid_api_key",
         "server_busy", "queue_timeout", "not_ready", "not_found", "cancelled"])
 
 

@@ -79,7 +79,7 @@ def test_sse_wire_format(server):
 def test_models_and_operational_endpoints(server):
     models = requests.get(server.url + "/v1/models").json()
     entry = models["data"][0]
-    assert entry["input_modalities"] == ["text", "image"]
+    assert entry["input_modalities"] == ["text", "image", "video"]
     assert requests.get(server.url + "/healthz").json() == {"status": "ok"}
     ready = requests.get(server.url + "/readyz").json()
     assert ready["status"] == "ready"

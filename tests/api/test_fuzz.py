@@ -13,9 +13,10 @@ and boundary cases); for a longer one: `VL_FUZZ_EXAMPLES=500 .venv/bin/python -m
 tests/api/test_fuzz.py -k conforms`.
 
 Before a chat request is sent, `fit` makes true what JSON Schema cannot state, so that a
-schema-valid request is one the server must answer: every image URL becomes a real image, images
-past the server's `max_images` (counted over all messages) become text parts, and `min_tokens`
-stays within `max_tokens`. Generation stays short: a body without max_tokens gets
+schema-valid request is one the server must answer: every image URL becomes a real image and every
+video URL a real clip, images past the server's `max_images` and videos past its `max_videos`
+(counted over all messages) become text parts, a video's `max_frames` stays within the server's
+limit, and `min_tokens` stays within `max_tokens`. Generation stays short: a body without max_tokens gets
 `FUZZ_MAX_TOKENS`, and max_tokens / max_completion_tokens within bounds become at most that
 (out-of-range values are kept: they are the invalid cases). Schemathesis re-checks an edited body
 against the schema, so a case is judged as what is actually sent.
@@ -35,7 +36,7 @@ schemathesis = pytest.importorskip("schemathesis")
 
 from hypothesis import HealthCheck, settings  # noqa: E402  (schemathesis depends on hypothesis)
 
-from conftest import ROOT, data_url, png_bytes, scene  # noqa: E402
+from conftest import ROOT, data_url, make_clip, png_bytes, scene  # noqa: E402
 
 server_test = pytest.mark.server  # conftest adds `slow` to every `server` test; both are explicit here
 slow = pytest.mark.slow
@@ -45,13 +46,17 @@ FUZZ_MAX_TOKENS = 8
 CHAT = "/v1/chat/completions"
 IMAGE = data_url(png_bytes(scene(32, 48, seed=3)))
 LIMITS: dict = {}  # the running server's, read by `api_schema`
+CLIP: list = []  # a real clip's data URL, made once by `api_schema`
 
 
 @pytest.fixture(scope="module")
-def api_schema(server):
+def api_schema(server, tmp_path_factory):
     config = requests.get(server.url + "/api/config", timeout=10).json()
     LIMITS.update(max_images=config["max_images"], cap=config["max_tokens_cap"],
-                  default=config["default_max_tokens"])
+                  default=config["default_max_tokens"], max_videos=config["video"]["max_videos"],
+                  max_frames=config["video"]["max_frames"])
+    CLIP.append(data_url(make_clip(tmp_path_factory.mktemp("fuzz-clip"), "VP80", fps=10.0, frames=20, size=(64, 64)),
+                         "video/webm"))
     config = schemathesis.Config.from_dict({
         "generation": {"max-examples": EXAMPLES, "database": "none", "mode": "all"},
         "request-timeout": 120,
@@ -88,10 +93,20 @@ def fit(case) -> None:
     limit = body.get("max_completion_tokens") or body.get("max_tokens") or LIMITS["default"]
     if _is_int(body.get("min_tokens")) and _is_int(limit) and limit < body["min_tokens"] <= LIMITS["cap"]:
         body["min_tokens"] = limit
-    images = 0
+    images = videos = 0
     for message in body.get("messages") if isinstance(body.get("messages"), list) else []:
         parts = message.get("content") if isinstance(message, dict) else None
         for i, part in enumerate(parts if isinstance(parts, list) else []):
+            if isinstance(part, dict) and part.get("type") == "video_url" and isinstance(part.get("video_url"), dict):
+                videos += 1
+                spec = part["video_url"]
+                if videos > LIMITS["max_videos"]:
+                    parts[i] = {"type": "text", "text": ""}
+                    continue
+                if isinstance(spec.get("url"), str):
+                    spec["url"] = CLIP[0]
+                if _is_int(spec.get("max_frames")) and spec["max_frames"] > LIMITS["max_frames"]:
+                    spec["max_frames"] = LIMITS["max_frames"]
             if not (isinstance(part, dict) and part.get("type") == "image_url"):
                 continue
             images += 1

@@ -25,6 +25,7 @@ class Decoder:
         self.embed = model.model.get_input_embeddings()
         self.lm_head = model.lm_head
         self.image_token_id = model.config.image_token_id
+        self.video_token_id = model.config.video_token_id
         self.eos_ids = set(int(e) for e in eos_ids)
 
     # ----------------------------------------------------------------- positions
@@ -32,11 +33,17 @@ class Decoder:
         """(4, 1, L) position ids (text row + 3 M-RoPE rows) and the rope delta for decoding."""
         ids = torch.tensor([prompt.input_ids], dtype=torch.long)
         text_pos = torch.arange(ids.shape[1]).view(1, 1, -1)
-        if not prompt.image_grids:
+        if not prompt.image_grids and not prompt.video_grids:
             return text_pos.expand(4, 1, -1), 0
-        mm_types = (ids == self.image_token_id).int()
-        grids = torch.tensor([list(g) for g in prompt.image_grids], dtype=torch.long)
-        mrope, delta = self.model.model.get_rope_index(ids, mm_token_type_ids=mm_types, image_grid_thw=grids)
+        # the processor's mm_token_type_ids: 1 image, 2 video (each temporal patch is its own grid there)
+        mm_types = (ids == self.image_token_id).int() + 2 * (ids == self.video_token_id).int()
+
+        def grids(g):
+            return torch.tensor([list(x) for x in g], dtype=torch.long) if g else None
+
+        mrope, delta = self.model.model.get_rope_index(ids, mm_token_type_ids=mm_types,
+                                                       image_grid_thw=grids(prompt.image_grids),
+                                                       video_grid_thw=grids(prompt.video_grids))
         return torch.cat([text_pos, mrope], dim=0), int(delta.view(-1)[0])
 
     def prefill_inputs(self, prompt: Prompt, features: list[VisionFeatures], start: int = 0):
@@ -51,7 +58,8 @@ class Decoder:
             embeds = self.embed(ids)
             mask = deepstack = None
             if features:
-                mask = ids == self.image_token_id
+                # image and video tokens alike, in prompt order (as the model's forward joins them)
+                mask = (ids == self.image_token_id) | (ids == self.video_token_id)
                 image_embeds = torch.from_numpy(_cat([f.embeds for f in features])).to(embeds.dtype)
                 if int(mask.sum()) != image_embeds.shape[0]:
                     raise ValueError("image tokens and image features do not match")

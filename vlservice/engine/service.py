@@ -32,6 +32,7 @@ from ..config import Settings
 from ..errors import (APIError, Busy, Cancelled, ContextLengthExceeded, InvalidRequest,
                       NotReady)
 from . import images as imgs
+from . import video as vid
 from .caches import FeatureCache, PrefixCache, ResultCache, feature_key
 from .checkpoints import DEMO_NOTICE, ModelSource, resolve
 from .counters import Counters
@@ -41,7 +42,7 @@ from .lm import LeanLM, SeqPos
 from .heap import malloc_trim
 from .prompt import build_prompt
 from .scheduler import Scheduler
-from .types import ChatRequest, Event, ImageInput, Message, Sampling
+from .types import ChatRequest, Event, ImageInput, Message, Sampling, VideoInput
 
 if TYPE_CHECKING:
     from .vision import Encoder
@@ -66,6 +67,7 @@ class VLModelService:
             self.tokenizer.chat_template = json.loads((path / "chat_template.json").read_text())["chat_template"]
         pre = json.loads((path / "preprocessor_config.json").read_text())
         self.spec = imgs.ImageSpec.from_preprocessor_config(pre)
+        self.video_spec = vid.VideoSpec.from_checkpoint(path, pre)
         self.quantize_s = 0.0
         self.llm_int8_stats: dict = {}
         self.prepack_stats: dict = {}
@@ -106,6 +108,8 @@ class VLModelService:
         }
         self.limits = imgs.Limits(max_bytes=settings.max_image_bytes, max_pixels=settings.max_image_pixels,
                                   max_aspect_ratio=settings.max_aspect_ratio)
+        self.video_limits = vid.Limits(max_bytes=settings.max_video_bytes, max_seconds=settings.max_video_seconds,
+                                       max_frames=settings.max_video_frames, max_pixels=settings.max_image_pixels)
         self.load_s = time.perf_counter() - t0
         # encoder, cache and scheduler: set by start() (after the fork), before `ready` is True
         self.encoder: Encoder | None = None
@@ -203,8 +207,19 @@ class VLModelService:
         self._check_sampling(request.sampling)
         t0 = time.perf_counter()
         decode_s = prep_s = 0.0
-        prepared, keys, budgets = [], [], []
-        for img in request.images:
+        prepared: list[imgs.Prepared | vid.PreparedVideo] = []
+        keys, budgets = [], []
+        video_timings: dict = {}
+        for img in request.media:
+            if isinstance(img, VideoInput):
+                v = self._video(img)
+                for k, ms in v.timings.items():
+                    video_timings[k] = video_timings.get(k, 0.0) + ms
+                budget = self.settings.video_frame_pixels(img.detail)
+                prepared.append(v)
+                budgets.append(budget)
+                keys.append(feature_key(v.digest, v.grid_thw, budget, self.model_fp, self.encoder.name))
+                continue
             t = time.perf_counter()
             try:
                 rgb = imgs.decode(img.data, self.limits)
@@ -228,20 +243,20 @@ class VLModelService:
         if len(prompt) + s.max_tokens > self.settings.max_context_tokens:
             raise ContextLengthExceeded(
                 f"this request needs {len(prompt)} prompt tokens (including "
-                f"{sum(p.num_tokens for p in prepared)} image tokens) plus max_tokens={s.max_tokens}, "
+                f"{sum(p.num_tokens for p in prepared)} image and video tokens) plus max_tokens={s.max_tokens}, "
                 f"more than the context limit of {self.settings.max_context_tokens} tokens",
                 param="messages")
         if not self._slots.acquire(blocking=False):
             self.counters.add("busy")
             raise Busy(f"the server is busy ({self.settings.queue_size} requests already waiting); retry later",
                        retry_after=self.retry_after())
-        spans = prompt.image_spans(self.decoder.image_token_id)
+        spans = prompt.media_spans(self.decoder.image_token_id, self.decoder.video_token_id)
         images = [(a, b, k) for (a, b), k in zip(spans, keys)]
         result_key = None
         if request.result_cache and s.greedy:
             result_key = ResultCache.key(self.model_fp, self.encoder.name, prompt.input_ids, keys, s)
         work = {"prepared": prepared, "keys": keys, "prompt": prompt, "images": images, "result_key": result_key,
-                "timings": {"image_decode_ms": decode_s * 1e3, "preprocess_ms": prep_s * 1e3,
+                "timings": {"image_decode_ms": decode_s * 1e3, "preprocess_ms": prep_s * 1e3, **video_timings,
                             "submit_ms": (time.perf_counter() - t0) * 1e3},
                 "t_submit": time.perf_counter(), "queue_position": self.queue_depth() + self.running()}
         self.counters.add("requests")
@@ -273,6 +288,15 @@ class VLModelService:
             self.scheduler.wake()
         return True
 
+    def _video(self, clip: VideoInput) -> vid.PreparedVideo:
+        """Decode, sample and preprocess one clip (bad input: an APIError naming its part)."""
+        try:
+            return vid.load(clip.data, self.video_spec, self.video_limits, clip.fps, clip.max_frames,
+                            self.settings.video_frame_pixels(clip.detail))
+        except APIError as exc:
+            exc.param = exc.param or clip.param
+            raise
+
     def _check_sampling(self, s: Sampling) -> None:
         if not 1 <= s.max_tokens <= self.settings.max_tokens_cap:
             raise InvalidRequest(f"`max_tokens` must be between 1 and {self.settings.max_tokens_cap}, "
@@ -289,14 +313,16 @@ class VLModelService:
                 continue
             content = []
             for p in m.parts:
-                if isinstance(p, ImageInput):
+                if isinstance(p, (ImageInput, VideoInput)):
                     next(it)
-                    content.append({"type": "image"})
+                    content.append({"type": "image" if isinstance(p, ImageInput) else "video"})
                 else:
                     content.append({"type": "text", "text": p})
             chat.append({"role": m.role, "content": content})
-        return build_prompt(self.tokenizer, chat, [p.num_tokens for p in prepared],
-                            [p.grid_thw for p in prepared])
+        images = [p for p in prepared if not isinstance(p, vid.PreparedVideo)]
+        videos = [(vid.placeholder(p), p.grid_thw) for p in prepared if isinstance(p, vid.PreparedVideo)]
+        return build_prompt(self.tokenizer, chat, [p.num_tokens for p in images], [p.grid_thw for p in images],
+                            videos)
 
     # ----------------------------------------------------------------- called by the scheduler
     def features(self, gen: Generation, timings: dict, needed: list) -> list:
@@ -324,7 +350,7 @@ class VLModelService:
         timings["cache_lookup_ms"] = lookup_s * 1e3
         timings["vision_encode_ms"] = encode_s * 1e3
         timings["vision_cache_hit"] = bool(work["prepared"]) and hit_all
-        timings["image_tokens"] = sum(p.num_tokens for p in work["prepared"])
+        timings.update(media_tokens(work["prepared"]))
         return feats
 
     def _replay(self, gen: Generation, cached: dict, timings: dict) -> None:
@@ -335,7 +361,7 @@ class VLModelService:
         usage = dict(cached["usage"])
         n = usage["completion_tokens"]
         timings.update({"queue_ms": 0.0, "cache_lookup_ms": 0.0, "vision_encode_ms": 0.0, "vision_cache_hit": True,
-                        "image_tokens": sum(p.num_tokens for p in gen.work["prepared"]), "prompt_ms": 0.0,
+                        **media_tokens(gen.work["prepared"]), "prompt_ms": 0.0,
                         "prompt_n": 0, "cache_n": usage["prompt_tokens"], "prompt_per_second": 0.0,
                         "predicted_n": n, "predicted_ms": 0.0, "predicted_per_second": 0.0,
                         "result_cache_hit": True,
@@ -401,6 +427,16 @@ class VLModelService:
             "last_timings": self.last_timings, "counters": self.counters.snapshot(),
             "encoder_calls": self.encoder_calls,
         }
+
+
+def media_tokens(prepared: list) -> dict:
+    """`image_tokens` always, and `video_tokens` / `video_frames` when the request has a video."""
+    videos = [p for p in prepared if isinstance(p, vid.PreparedVideo)]
+    out = {"image_tokens": sum(p.num_tokens for p in prepared if not isinstance(p, vid.PreparedVideo))}
+    if videos:
+        out["video_tokens"] = sum(p.num_tokens for p in videos)
+        out["video_frames"] = sum(len(p.frame_indices) for p in videos)
+    return out
 
 
 def load_service(settings: Settings | None = None, start: bool = True) -> VLModelService:

@@ -40,9 +40,18 @@ class ImageInput:
 
 
 @dataclass
+class VideoInput:
+    data: bytes
+    detail: str = "auto"
+    fps: float | None = None  # frames sampled per second (None: the model's, 2)
+    max_frames: int | None = None  # at most this many sampled frames (None: VL_MAX_VIDEO_FRAMES)
+    param: str = "video"
+
+
+@dataclass
 class Message:
     role: str  # system | user | assistant
-    parts: list  # str (text) or ImageInput, in order
+    parts: list  # str (text), ImageInput or VideoInput, in order
 
 
 @dataclass
@@ -56,6 +65,11 @@ class ChatRequest:
     @property
     def images(self) -> list:
         return [p for m in self.messages for p in m.parts if isinstance(p, ImageInput)]
+
+    @property
+    def media(self) -> list:
+        """Images and videos in prompt order (their features go into the prompt in this order)."""
+        return [p for m in self.messages for p in m.parts if isinstance(p, (ImageInput, VideoInput))]
 
 
 @dataclass

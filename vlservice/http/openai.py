@@ -28,7 +28,7 @@ def models():
     ctx = current()
     svc = ctx.service
     entry = {"id": svc.model_name, "object": "model", "created": int(ctx.started), "owned_by": "vlservice",
-             "input_modalities": ["text", "image"], "output_modalities": ["text"],
+             "input_modalities": ["text", "image", "video"], "output_modalities": ["text"],
              "max_context_length": ctx.settings.max_context_tokens, "demo": svc.is_demo}
     if svc.is_demo:
         entry["notice"] = svc.info()["demo_notice"]["en"]

@@ -32,6 +32,11 @@ def config():
         "default_max_tokens": s.default_max_tokens, "max_tokens_cap": s.max_tokens_cap,
         "api_key_required": bool(s.api_key), "max_image_bytes": s.max_image_bytes, "max_images": s.max_images,
         "vision_backend": s.vision_backend,
+        "video": {"max_bytes": s.max_video_bytes, "max_seconds": s.max_video_seconds, "max_frames": s.max_video_frames,
+                  "max_videos": s.max_videos, "fps": svc.video_spec.fps, "min_frames": svc.video_spec.min_frames,
+                  "detail_frame_pixels": {d: s.video_frame_pixels(d) for d in ("low", "auto", "high")},
+                  "min_pixels": svc.video_spec.min_pixels, "max_pixels": svc.video_spec.max_pixels,
+                  "frame_cap_pixels": svc.video_spec.max_video_tokens * svc.video_spec.factor ** 2},
         "presets": presets(),  # the demo model's own questions: the page's preset buttons
     }
 

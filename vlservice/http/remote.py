@@ -37,7 +37,9 @@ class RemoteFetcher:
         self.context = context or ssl.create_default_context()
         self.address_allowed = address_allowed
 
-    def __call__(self, url: str, param: str) -> bytes:
+    def __call__(self, url: str, param: str, max_bytes: int | None = None) -> bytes:
+        """The body at `url`, at most `max_bytes` (default VL_MAX_IMAGE_BYTES; a video passes its own)."""
+        max_bytes = self.max_bytes if max_bytes is None else max_bytes
         parts = urlsplit(url)
         if parts.scheme != "https":
             raise InvalidRequest("only https image URLs are allowed", param=param, code="invalid_image_url")
@@ -50,14 +52,14 @@ class RemoteFetcher:
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         conn = _PinnedHTTPSConnection(host, port, address, timeout=self.timeout, context=self.context)
         try:
-            conn.request("GET", path, headers={"Host": host, "User-Agent": "vlservice", "Accept": "image/*"})
+            conn.request("GET", path, headers={"Host": host, "User-Agent": "vlservice", "Accept": "image/*, video/*"})
             resp = conn.getresponse()
             if resp.status != 200:
                 raise InvalidRequest(f"fetching the image failed: HTTP {resp.status} (redirects are not followed)",
                                      param=param, code="image_fetch_failed")
-            data = resp.read(self.max_bytes + 1)
-            if len(data) > self.max_bytes:
-                raise ImageTooLarge(f"the remote image is larger than {self.max_bytes} bytes", param=param)
+            data = resp.read(max_bytes + 1)
+            if len(data) > max_bytes:
+                raise ImageTooLarge(f"the remote file is larger than {max_bytes} bytes", param=param)
             return data
         except (OSError, http.client.HTTPException) as exc:
             raise InvalidRequest(f"fetching the image failed: {type(exc).__name__}", param=param,
