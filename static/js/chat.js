@@ -12,6 +12,7 @@ import { currentImage } from "./images.js";
 import { scheduleStats } from "./cpu.js";
 import { lang, onLanguage, presetLabel, table, tr } from "./strings.js";
 import { fillCompact, showLatest } from "./timings.js";
+import { currentVideo, onVideoChange } from "./video.js";
 import { $, el, isNum } from "./util.js";
 
 const turns = []; // [{user: {text, image: {url, detail}|null}, assistant: {text, status, ...}, el}]
@@ -72,6 +73,7 @@ function addBubbles(turn) {
     thumb.src = turn.user.image.url;
     user.append(thumb);
   }
+  if (turn.user.video) user.append(el("div", "video-badge", "▶ video"));
   user.append(el("div", "content", turn.user.text));
 
   const node = el("div", "msg assistant pending");
@@ -225,7 +227,10 @@ function buildMessages(current) {
   const msgs = [];
   for (const t of included) {
     const u = t.user;
-    if (u.image) {
+    if (u.video) {
+      msgs.push({ role: "user", content: [{ type: "video_url", video_url: { url: u.video.url, detail: u.video.detail } },
+                                           { type: "text", text: u.text }] });
+    } else if (u.image) {
       msgs.push({ role: "user", content: [{ type: "image_url", image_url: { url: u.image.url, detail: u.image.detail } },
                                            { type: "text", text: u.text }] });
     } else {
@@ -265,7 +270,7 @@ async function send() {
   }
 
   const turn = {
-    user: { text, image: null },
+    user: { text, image: null, video: null },
     assistant: { text: "", status: "pending", error: null, timings: null, finish: null },
     el: null,
   };
@@ -274,6 +279,10 @@ async function send() {
   const image = currentImage();
   if (image && !buildMessages(turn).included.some((t) => t.user.image && t.user.image.url === image.url)) {
     turn.user.image = image;
+  }
+  const video = currentVideo(); // the same rule for a clip
+  if (video && !buildMessages(turn).included.some((t) => t.user.video && t.user.video.url === video.url)) {
+    turn.user.video = video;
   }
   const { msgs } = buildMessages(turn);
 
@@ -354,7 +363,8 @@ function autoGrow() {
 function renderPresets() {
   dom.presets.textContent = "";
   if (!config) return;
-  const list = Array.isArray(config.presets) ? config.presets : [];
+  const media = currentVideo() ? "video" : "image"; // a video preset only with a clip, and the reverse
+  const list = (Array.isArray(config.presets) ? config.presets : []).filter((p) => (p.media || "image") === media);
   for (const p of [...list, { name: "free" }]) {
     const b = el("button", "", presetLabel(p.name, p[lang] || p.en));
     b.type = "button";
@@ -367,7 +377,7 @@ function onPreset(name) {
   const p = (config.presets || []).find((x) => x.name === name);
   dom.question.value = p ? p[lang] || p.en || "" : "";
   autoGrow();
-  if (p && currentImage() && !active) send();
+  if (p && (currentImage() || currentVideo()) && !active) send();
   else dom.question.focus();
 }
 
@@ -422,6 +432,7 @@ export function initChat() {
     const btn = e.target.closest("button[data-preset]");
     if (btn) onPreset(btn.dataset.preset);
   });
+  onVideoChange(renderPresets);
   onLanguage(() => {
     renderState();
     renderPresets();

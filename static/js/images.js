@@ -9,6 +9,7 @@
 import { config } from "./api.js";
 import { tr, onLanguage } from "./strings.js";
 import { $, el, fmtMs, isNum } from "./util.js";
+import { loadVideoFile, removeVideo } from "./video.js";
 
 let image = null; // {source, srcW, srcH, isPng, fileSize, dataUrl, w, h, bytes, mime, detail, tokens}
 let imageJob = 0; // increments to discard stale async image work
@@ -126,6 +127,11 @@ function dataUrlBytes(url) {
 async function loadImageFile(file) {
   if (!file) return;
   hideImageError();
+  if (file.type && file.type.startsWith("video/")) { // a clip: video.js takes it from here
+    removeImage();
+    loadVideoFile(file);
+    return;
+  }
   if (file.type && !file.type.startsWith("image/")) {
     showImageError(tr("notAnImage"));
     return;
@@ -148,6 +154,7 @@ async function loadImageFile(file) {
     return;
   }
   releaseImage();
+  removeVideo();
   image = { source: decoded.source, srcW: decoded.w, srcH: decoded.h, isPng: file.type === "image/png", fileSize: file.size };
   reencodeImage();
 }
@@ -257,7 +264,7 @@ function imageFromDataTransfer(dt) {
     return dt.files[0];
   }
   for (const item of dt.items || []) {
-    if (item.kind === "file" && item.type.startsWith("image/")) return item.getAsFile();
+    if (item.kind === "file" && /^(image|video)\//.test(item.type)) return item.getAsFile();
   }
   return null;
 }
@@ -315,12 +322,12 @@ function wirePaste() {
     if (inField && (dt.getData("text/plain") || "").trim()) return;
     let file = null;
     for (const item of dt.items || []) {
-      if (item.kind === "file" && item.type.startsWith("image/")) {
+      if (item.kind === "file" && /^(image|video)\//.test(item.type)) {
         file = item.getAsFile();
         break;
       }
     }
-    if (!file && dt.files && dt.files.length && dt.files[0].type.startsWith("image/")) file = dt.files[0];
+    if (!file && dt.files && dt.files.length && /^(image|video)\//.test(dt.files[0].type)) file = dt.files[0];
     if (file) {
       e.preventDefault();
       loadImageFile(file);

@@ -8,6 +8,7 @@ import { initCpu } from "./cpu.js";
 import { initImages, reencodeImage } from "./images.js";
 import { applyLanguage, lang, onLanguage, setLanguage, tr } from "./strings.js";
 import { initTimings } from "./timings.js";
+import { initVideo } from "./video.js";
 import { $ } from "./util.js";
 
 const dom = {
@@ -36,6 +37,7 @@ async function start() {
   onLanguage(renderHeader);
   initTimings();
   initImages();
+  initVideo();
   initChat();
   dom.lang.addEventListener("click", () => setLanguage(lang === "zh" ? "en" : "zh"));
   applyLanguage();

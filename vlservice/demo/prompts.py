@@ -34,6 +34,12 @@ PROMPTS: dict[str, dict[str, str]] = {
 PRESETS = ("describe", "ocr", "count", "locate")
 
 
+# Presets about a video clip: the page offers them only while a clip is attached (and the image
+# presets only without one).
+VIDEO_PRESETS = {"describe_video": {"en": "Describe this video.", "zh": "描述这段视频。"}}
+
+
 def presets() -> list[dict[str, str]]:
-    """The preset prompts per language, in button order: [{"name", "en", "zh"}, ...]."""
-    return [{"name": name, **{lang: PROMPTS[lang][name] for lang in PROMPTS}} for name in PRESETS]
+    """The preset prompts per language, in button order: [{"name", "en", "zh", "media"}, ...]."""
+    return ([{"name": name, **{lang: PROMPTS[lang][name] for lang in PROMPTS}, "media": "image"} for name in PRESETS]
+            + [{"name": name, **texts, "media": "video"} for name, texts in VIDEO_PRESETS.items()])
