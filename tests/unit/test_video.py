@@ -2,7 +2,8 @@
 
 Clips are made here with OpenCV's VideoWriter (this opencv-python-headless build writes MPEG-4
 part 2 `mp4v`, VP8 and VP9 WebM, MJPEG and Xvid AVI; it has no H.264 encoder), plus one H.264 MP4
-made once with Debian's ffmpeg (tests/fixtures, 30 frames of a grey ramp at 10 fps). Frame `i`
+and one streamed VP8 WebM without a frame count, made once with Debian's ffmpeg (tests/fixtures,
+30 frames of a grey ramp at 10 fps). Frame `i`
 of a made clip is coloured (8 * (i % 32), 8 * (i // 32), 128), so a decoded frame tells its index.
 
 Compared with the reference (transformers' Qwen3-VL code, called directly: it runs without
@@ -60,6 +61,16 @@ def test_each_codec_decodes_the_sampled_frames(tmp_path, fourcc):
     assert list(indices) == [0, 6, 12, 17, 23, 29]  # 3 s at 2 fps, linspace over the 30 frames
     assert [frame_index(f) for f in frames] == list(indices)
     assert frames[0].shape == (64, 96, 3) and frames[0].dtype == np.uint8
+
+
+def test_streamed_webm_without_a_frame_count_is_counted():
+    # as a browser's MediaRecorder writes WebM: no duration, no cues; OpenCV reports a negative count
+    data = (FIXTURE.parent / "gray-ramp-vp8-10fps-3s-streamed.webm").read_bytes()
+    frames, indices, header = video.decode(data, SPEC)
+    assert (header.fps, header.frames) == (10.0, 30) and list(indices) == [0, 6, 12, 17, 23, 29]
+    assert [round(float(f.mean()) / 8) for f in frames] == list(indices)
+    with pytest.raises(VideoTooLarge):
+        video.decode(data, SPEC, video.Limits(max_seconds=2.0))
 
 
 def test_h264_mp4_decodes():

@@ -230,12 +230,34 @@ def _header(cap, limits: Limits) -> Header:
     if not math.isfinite(fps) or not 0 < fps <= 1000:
         raise InvalidVideo(f"the video declares an unusable frame rate ({fps:g} frames per second)")
     if not math.isfinite(frames) or frames < 1:
-        raise InvalidVideo("the video declares no frames")
+        return Header(w, h, fps, 0)  # no count (a streamed WebM, as browsers record them): `_count` it
     header = Header(w, h, fps, int(frames))
     if header.duration_s > limits.max_seconds:
         raise VideoTooLarge(f"the video is {header.duration_s:.1f} s long ({header.frames} frames at {fps:g} fps); "
                             f"the limit is {limits.max_seconds:g} s")
     return header
+
+
+def _count(cap, header: Header, limits: Limits) -> int:
+    """Frames of a clip whose container does not say, by decoding at most the duration limit's."""
+    most = int(limits.max_seconds * header.fps)
+    n = 0
+    while cap.grab():
+        n += 1
+        if n > most:
+            raise VideoTooLarge(f"the video is longer than the limit of {limits.max_seconds:g} s "
+                                f"(more than {most} frames at {header.fps:g} fps)")
+    if n == 0:
+        raise InvalidVideo("the video has no frame that could be decoded")
+    return n
+
+
+def _open(name: str, kind: str):
+    cap = cv2.VideoCapture(name, cv2.CAP_FFMPEG)
+    if not cap.isOpened():
+        cap.release()
+        raise InvalidVideo(f"the {kind.upper()} data could not be opened (truncated or corrupt)")
+    return cap
 
 
 # --------------------------------------------------------------------------- decode + prepare
@@ -256,11 +278,13 @@ def decode(data: bytes, spec: VideoSpec, limits: Limits = Limits(), fps: float |
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        cap = cv2.VideoCapture(name, cv2.CAP_FFMPEG)
+        cap = _open(name, kind)
         try:
-            if not cap.isOpened():
-                raise InvalidVideo(f"the {kind.upper()} data could not be opened (truncated or corrupt)")
             header = _header(cap, limits)
+            if header.frames == 0:
+                header.frames = _count(cap, header, limits)
+                cap.release()
+                cap = _open(name, kind)
             indices = sample_indices(header.frames, header.fps, fps or spec.fps, spec.min_frames, cap_frames)
             return _read(cap, header, indices), indices, header
         finally:
