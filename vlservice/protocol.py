@@ -84,17 +84,22 @@ class ImagePart(_In):
         description="an object with `url`, or the URL itself as a string")
 
 
+def _integral_float(v):
+    """JSON Schema counts 61.0 as an integer, so the validator does too (61.5 stays refused)."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
 class VideoURL(_In):
     url: str = Field(description="the clip as a data URL, `data:video/<mp4|webm|quicktime|x-matroska|avi>;base64,"
                                  "<payload>` (the declared type must match the data), or an https URL when the "
                                  "server allows remote files (VL_REMOTE_IMAGES)")
     detail: Literal["low", "auto", "high"] | None = Field(
-        None, description="per-frame resolution budget (see /api/config `video_detail_max_pixels`); null means auto")
+        None, description="per-frame resolution budget (see /api/config `video.detail_frame_pixels`); null means auto")
     fps: float | None = Field(None, gt=0, le=30, description="frames sampled per second of video (default 2, as "
                                                            "the model's processor)")
-    max_frames: int | None = Field(None, ge=4, description="at most this many sampled frames (default and upper "
-                                                            "bound: VL_MAX_VIDEO_FRAMES; an odd number counts as "
-                                                            "the even one below: frames go in pairs)")
+    max_frames: Annotated[int, BeforeValidator(_integral_float)] | None = Field(
+        None, ge=4, description="at most this many sampled frames (default and upper bound: VL_MAX_VIDEO_FRAMES; an "
+                                "odd number counts as the even one below: frames go in pairs)")
 
 
 class VideoPart(_In):

@@ -96,15 +96,25 @@ function once(target, name, ms) {
   });
 }
 
-/** Seek the hidden player to each time and draw that frame into a small canvas. */
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** Seek and wait until the frame at `t` is the one shown: "seeked" can come before it is painted. */
+async function seekTo(player, t) {
+  const painted = typeof player.requestVideoFrameCallback === "function"
+    ? new Promise((resolve) => player.requestVideoFrameCallback(() => resolve())) : sleep(100);
+  player.currentTime = t;
+  await once(player, "seeked", 5000);
+  await Promise.race([painted, sleep(1000)]);
+}
+
+/** Seek the player to each time and draw that frame into a small canvas. */
 async function drawStrip(player, times, mine) {
   dom.strip.textContent = "";
   const h = 48;
   const w = Math.max(1, Math.round((player.videoWidth / player.videoHeight) * h));
   for (const t of times) {
     if (mine !== job) return;
-    player.currentTime = t;
-    await once(player, "seeked", 5000);
+    await seekTo(player, t);
     const c = document.createElement("canvas");
     c.width = w;
     c.height = h;
@@ -136,6 +146,9 @@ export async function loadVideoFile(file) {
   const player = document.createElement("video");
   player.muted = true;
   player.preload = "auto";
+  player.playsInline = true;
+  player.className = "video-player"; // in the page but invisible: a detached player may not paint its frames
+  document.body.append(player);
   player.src = url;
   try {
     await once(player, "loadeddata", 10000);
@@ -161,6 +174,7 @@ export async function loadVideoFile(file) {
       renderInfo(T().notPlayable);
     }
   } finally {
+    player.remove();
     URL.revokeObjectURL(url);
   }
 }

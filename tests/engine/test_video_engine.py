@@ -37,6 +37,7 @@ def reference_processor(tokenizer):
     proc.video_processor = Qwen3VLVideoProcessor()
     proc.image_token, proc.video_token = "<|image_pad|>", "<|video_pad|>"
     proc.vision_start_token, proc.vision_end_token = "<|vision_start|>", "<|vision_end|>"
+    proc.image_token_id, proc.video_token_id = tokenizer.convert_tokens_to_ids([proc.image_token, proc.video_token])
     return proc
 
 
@@ -68,6 +69,7 @@ def test_prompt_expansion_and_rope_index_equal_the_reference(service_for, clip):
     prompt = svc._prompt([Message("user", [VideoInput(clip), QUESTION])], [prepared])
     ids, mm_types = reference_ids(svc.tokenizer, prepared, QUESTION)
     assert prompt.input_ids == ids
+    assert mm_types.count(2) == prepared.num_tokens and mm_types.count(1) == 0
     assert prompt.video_grids == [prepared.grid_thw] and prepared.grid_thw[0] == 3  # 5 frames, padded to 6
     ref_pos, ref_delta = svc.model.model.get_rope_index(torch.tensor([ids]), torch.tensor([mm_types]),
                                                         video_grid_thw=torch.tensor([prepared.grid_thw]))

@@ -5,7 +5,8 @@ dynamic number of patches. The grid-dependent tensors it cannot trace (interpola
 weights of the position table, rotary position ids, cu_seqlens) are computed here with
 `transformers.vision_utils` and fed as graph inputs. Several images in one request run one after
 another: each image attends only to itself, so the result is the same as one packed call, and
-each image's features can be cached on their own.
+each image's features can be cached on their own. A video's temporal patches run the same way,
+one after another, for the same reason.
 
 Files live under `VL_CACHE_DIR/onnx/<fingerprint>/` where the fingerprint covers the checkpoint's
 config and weights and the export settings, so a new checkpoint or a new exporter gets new files
@@ -113,10 +114,20 @@ class OnnxVision:
         self._wanted = ["pooler_output"] + sorted(n for n in self.output_names if n.startswith("deepstack"))
 
     def __call__(self, pixel_values: np.ndarray, grid_thw: tuple) -> VisionFeatures:
-        feeds = {k: v.numpy() for k, v in grid_inputs(self._visual, grid_thw).items()}
-        feeds["hidden_states"] = pixel_values
-        outs = self.session.run(self._wanted, {k: feeds[k] for k in self.input_names})
-        return VisionFeatures(embeds=outs[0], deepstack=list(outs[1:]))
+        t, h, w = (int(x) for x in grid_thw)
+        feeds = {k: v.numpy() for k, v in grid_inputs(self._visual, (1, h, w)).items()}
+        # A video grid runs as t one-frame grids: the exported graph attends over all of its input
+        # at once (the trace fixed the attention's split into frames at one), while Qwen3-VL's
+        # vision tower lets each temporal patch attend only to itself, with the same position
+        # tables for every one; so this is the same computation (tests/engine/test_video_engine.py).
+        outs = []
+        for i in range(t):
+            feeds["hidden_states"] = pixel_values[i * h * w:(i + 1) * h * w]
+            outs.append(self.session.run(self._wanted, {k: feeds[k] for k in self.input_names}))
+        if t == 1:
+            return VisionFeatures(embeds=outs[0][0], deepstack=list(outs[0][1:]))
+        joined = [np.concatenate(parts) for parts in zip(*outs)]
+        return VisionFeatures(embeds=joined[0], deepstack=joined[1:])
 
 
 # What the service holds after `start()`: called per image, its `name` goes into the cache keys.
