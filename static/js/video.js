@@ -28,6 +28,7 @@ export function onVideoChange(fn) {
 }
 
 function changed() {
+  dom.imageEstimate.hidden = !!clip; // "no image" would be wrong beside a clip
   for (const fn of listeners) fn(!!clip);
 }
 
@@ -110,7 +111,7 @@ async function seekTo(player, t) {
 /** Seek the player to each time and draw that frame into a small canvas. */
 async function drawStrip(player, times, mine) {
   dom.strip.textContent = "";
-  const h = 48;
+  const h = 40;
   const w = Math.max(1, Math.round((player.videoWidth / player.videoHeight) * h));
   for (const t of times) {
     if (mine !== job) return;
@@ -223,6 +224,7 @@ export function initVideo() {
     error: $("#video-error"),
     remove: $("#remove-video"),
     detail: $("#detail"),
+    imageEstimate: $("#token-estimate"),
   });
   dom.remove.addEventListener("click", removeVideo);
   dom.detail.addEventListener("change", () => {
