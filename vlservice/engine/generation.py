@@ -8,6 +8,7 @@ import time
 
 from ..errors import EngineError
 from .types import ChatRequest
+from .video import PreparedVideo
 
 
 class Generation:
@@ -25,8 +26,8 @@ class Generation:
     @property
     def image_sizes(self) -> list[tuple[int, int]]:
         """(width, height) of each image of the request as decoded (EXIF orientation applied): the
-        pixels its answer's grounding coordinates are converted to."""
-        return [(p.source_size[1], p.source_size[0]) for p in self.work["prepared"]]
+        pixels its answer's grounding coordinates are converted to (videos are not images here)."""
+        return [(p.source_size[1], p.source_size[0]) for p in self.work["prepared"] if not isinstance(p, PreparedVideo)]
 
     def cancel(self) -> None:
         self.cancelled.set()
