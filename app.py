@@ -16,7 +16,7 @@ from vlservice.config import Settings
 
 def create_app(settings: Settings | None = None, service=None, start_service: bool = True) -> Flask:
     from vlservice.engine.service import load_service
-    from vlservice.http import auth, errors, openai, ops
+    from vlservice.http import auth, errors, openai, ops, session
     from vlservice.http.context import AppContext
 
     settings = settings or Settings.from_env()
@@ -31,6 +31,7 @@ def create_app(settings: Settings | None = None, service=None, start_service: bo
     app.register_blueprint(openai.bp)
     app.register_blueprint(ops.bp)
     auth.init_app(app, settings)
+    session.init_app(app, settings)
     errors.init_app(app, settings)
     if start_service:
         ctx.start()

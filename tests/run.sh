@@ -5,14 +5,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Chromium for the page's browser tests, with a CJK font so the Chinese page renders in its
-# screenshots; jemalloc and tcmalloc for `bench --levers` (measured against glibc's malloc).
+# screenshots; jemalloc and tcmalloc for `bench --levers` (measured against glibc's malloc);
+# redis-server and nginx for the replicas' tests (tests/deploy/test_replicas.py).
 # (`grep` without -q reads all of fc-list: an early exit could SIGPIPE it and, with pipefail,
 # reinstall every run.)
 if ! command -v chromium >/dev/null 2>&1 || ! ldconfig -p | grep -q libjemalloc.so.2 \
-    || ! ldconfig -p | grep -q libtcmalloc_minimal.so.4 || ! fc-list 2>/dev/null | grep -i wqy >/dev/null; then
+    || ! ldconfig -p | grep -q libtcmalloc_minimal.so.4 || ! fc-list 2>/dev/null | grep -i wqy >/dev/null \
+    || ! command -v redis-server >/dev/null 2>&1 || ! command -v nginx >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq chromium fonts-wqy-zenhei libjemalloc2 libtcmalloc-minimal4 >/dev/null
+  $SUDO apt-get install -y -qq chromium fonts-wqy-zenhei libjemalloc2 libtcmalloc-minimal4 \
+    redis-server nginx >/dev/null
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt -r tests/requirements.txt

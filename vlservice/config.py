@@ -80,6 +80,11 @@ class Settings:
     kv_cache_mb: int = 1024  # conversations' KV caches kept for follow-ups; 0 turns reuse off
     result_cache_entries: int = 256  # identical greedy requests answered at once; 0 turns it off
     disk_cache_mb: int = 2048  # disk tier; 0 turns it off
+    # Several replicas (README "Several replicas"): the caches' shared tier, and who answered.
+    redis_url: str = ""  # redis://host:6379/0; empty: no shared tier (each replica caches alone)
+    redis_timeout_s: float = 0.25  # one Redis call; slower counts as an outage (local caches only)
+    redis_ttl_s: int = 86400  # shared entries expire after this (0: never; Redis' maxmemory LRU still bounds them)
+    replica_name: str = ""  # the X-Served-By header; empty: the host name (the pod's name in Kubernetes)
     warmup: bool = True
     malloc_trim: bool = True  # return freed heap to the system when the model goes idle (glibc)
     api_key: str = ""  # empty: no auth on /v1/*

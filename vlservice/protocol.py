@@ -229,6 +229,8 @@ def request_model(settings: Settings) -> type[BaseModel]:
         stream_options: StreamOptions | None = None
         result_cache: bool = Field(True, description="extension: false bypasses the cache of identical greedy "
                                                      "requests")
+        user: str | None = Field(None, max_length=256, description="an id of the end user (OpenAI); the session "
+                                                                  "key when no X-Session-Id header is sent")
         n: int | None = Field(1, ge=1, le=1, description="only 1 is supported")
         logprobs: _unsupported("logprobs", "log probabilities") = None
         tools: _unsupported("tools", "tool calling") = None

@@ -25,6 +25,18 @@ export function setApiKey(value) {
   storageSet("sessionStorage", SS_KEY, apiKey);
 }
 
+// One session id per conversation, sent with every request of it: a load balancer in front of
+// several replicas hashes it onto one, where the conversation's KV cache lives (README, Several
+// replicas). getRandomValues, not randomUUID: the latter exists only on https or localhost pages.
+let sessionId = "";
+
+/** Start a new session (a new conversation); returns its id. */
+export function newSession() {
+  sessionId = "page-" + Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, "0")).join("");
+  return sessionId;
+}
+newSession();
+
 function authHeaders() {
   return config && config.api_key_required && apiKey ? { Authorization: `Bearer ${apiKey}` } : {};
 }
@@ -58,6 +70,7 @@ export function postChat(body, signal) {
       "Content-Type": "application/json",
       Accept: "text/event-stream",
       "X-Request-Priority": "interactive",
+      "X-Session-Id": sessionId,
       ...authHeaders(),
     },
     body: JSON.stringify({ ...body, stream: true, stream_options: { include_usage: true, include_stages: true } }),
@@ -70,7 +83,7 @@ export function postChat(body, signal) {
 export function cancelChat(id) {
   fetch(`/v1/chat/completions/${encodeURIComponent(id)}/cancel`, {
     method: "POST",
-    headers: { "Content-Type": "application/json", ...authHeaders() },
+    headers: { "Content-Type": "application/json", "X-Session-Id": sessionId, ...authHeaders() },
     body: "{}",
     keepalive: true,
   }).catch(() => { /* best effort */ });

@@ -6,7 +6,7 @@
  * says aria-busy="true" so screen readers announce the answer once it is whole.
  */
 
-import { cancelChat, config, getApiKey, httpError, postChat, readChatStream, setApiKey } from "./api.js";
+import { cancelChat, config, getApiKey, httpError, newSession, postChat, readChatStream, setApiKey } from "./api.js";
 import { createOverlay, lastImageUrl } from "./grounding.js";
 import { currentImage } from "./images.js";
 import { scheduleStats } from "./cpu.js";
@@ -343,6 +343,7 @@ function stop() {
 
 function newConversation() {
   if (active) stop();
+  newSession(); // its follow-ups may go to another replica than the last conversation's
   turns.length = 0;
   dom.messages.textContent = "";
   showLatest(null);

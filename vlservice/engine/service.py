@@ -33,7 +33,7 @@ from ..errors import (APIError, Busy, Cancelled, ContextLengthExceeded, InvalidR
                       NotReady)
 from . import images as imgs
 from . import video as vid
-from .caches import FeatureCache, PrefixCache, ResultCache, feature_key
+from .caches import FeatureCache, PrefixCache, ResultCache, SharedStore, feature_key
 from .checkpoints import DEMO_NOTICE, ModelSource, resolve
 from .counters import Counters
 from .decoder import Decoder
@@ -123,6 +123,7 @@ class VLModelService:
         self._active: dict[str, Generation] = {}
         self._active_lock = threading.Lock()
         self.cache: FeatureCache | None = None
+        self.shared: SharedStore | None = None  # the Redis tier of both caches (VL_REDIS_URL)
         self.model_fp = ""
         self.last_timings: dict = {}
         self.counters = Counters("requests", "completed", "errors", "cancelled", "busy", "prompt_tokens",
@@ -166,9 +167,13 @@ class VLModelService:
                                            self.model.model.visual, self.settings.cache_path, threads)
         self.export_stats = {**stats, **{k: v for k, v in self.export_stats.items() if v}}
         disk_dir = self.settings.cache_path / "features" if self.settings.disk_cache_mb > 0 else None
-        self.cache = FeatureCache(self.settings.feature_cache_mb << 20, disk_dir, self.settings.disk_cache_mb << 20)
+        if self.settings.redis_url:  # a connection pool per worker: sockets do not survive a fork
+            self.shared = SharedStore(self.settings.redis_url, f"vlservice:{self.model_fp[:16]}",
+                                      self.settings.redis_timeout_s, self.settings.redis_ttl_s)
+        self.cache = FeatureCache(self.settings.feature_cache_mb << 20, disk_dir, self.settings.disk_cache_mb << 20,
+                                  shared=self.shared)
         self.kv = PrefixCache(self.settings.kv_cache_mb << 20)
-        self.results = ResultCache(self.settings.result_cache_entries)
+        self.results = ResultCache(self.settings.result_cache_entries, shared=self.shared)
         if self.settings.warmup:
             self._warmup()
         self.scheduler = Scheduler(self, self.settings.max_batch, self.settings.prefill_chunk,
@@ -424,6 +429,7 @@ class VLModelService:
             "cache": self.cache.stats() if self.cache else {},
             "kv_cache": self.kv.stats() if self.cache else {},
             "result_cache": self.results.stats() if self.cache else {},
+            "shared_cache": self.shared.stats() if self.shared else None,
             "last_timings": self.last_timings, "counters": self.counters.snapshot(),
             "encoder_calls": self.encoder_calls,
         }

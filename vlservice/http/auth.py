@@ -38,7 +38,7 @@ def init_app(app: Flask, settings: Settings) -> None:
         origin = request.headers.get("Origin")
         if origin and origin in origins:
             response.headers["Access-Control-Allow-Origin"] = origin
-            response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, X-Request-Priority"
+            response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, X-Request-Priority, X-Session-Id"
             response.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
             response.headers["Vary"] = "Origin"
         return response

@@ -16,6 +16,7 @@ from ..errors import InvalidRequest, NotFound
 from ..protocol import parse_chat
 from .context import current
 from .disconnect import cancel_on_disconnect, watch_stream
+from .session import session_key
 
 bp = Blueprint("api", __name__)
 
@@ -64,6 +65,7 @@ def chat_completions():
         raise InvalidRequest("the request body must be valid JSON (Content-Type: application/json)",
                              code="invalid_json")
     req, opts = parse_chat(body, ctx.settings, ctx.service.generation_defaults, ctx.fetch_remote)
+    session_key(body)  # echoed in the answer's X-Session-Id header
     priority = request.headers.get("X-Request-Priority", "default")
     req.priority = priority if priority in ("interactive", "default", "batch") else "default"
     t0 = time.perf_counter()

@@ -167,7 +167,11 @@ def _paths(settings) -> dict:
         "parameters": [{"name": "X-Request-Priority", "in": "header", "required": False,
                         "description": "queue priority: interactive, default or batch (interactive is served "
                                        "first); any other value means default",
-                        "schema": {"type": "string", "examples": ["interactive", "default", "batch"]}}],
+                        "schema": {"type": "string", "examples": ["interactive", "default", "batch"]}},
+                       {"name": "X-Session-Id", "in": "header", "required": False,
+                        "description": "the conversation's session key: a load balancer hashes it onto one replica "
+                                       "(README, Several replicas); echoed in the answer",
+                        "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"}}],
         "requestBody": {"required": True, "content": {JSON: {
             "schema": {"$ref": REF.format(model="ChatCompletionRequest")},
             "examples": {"image": {"summary": "one image, one question", "value": example},
@@ -178,7 +182,12 @@ def _paths(settings) -> dict:
                     "headers": {"X-Request-Id": {"description": "the request id, usable with the cancel operation",
                                                  "schema": {"type": "string"}},
                                 "X-Queue-Position": {"description": "requests ahead of this one when it was queued",
-                                                     "schema": {"type": "string", "pattern": "^[0-9]+$"}}},
+                                                     "schema": {"type": "string", "pattern": "^[0-9]+$"}},
+                                "X-Session-Id": {"description": "the session key: the request's X-Session-Id "
+                                                                "header, else its `user` field",
+                                                 "schema": {"type": "string"}},
+                                "X-Served-By": {"description": "the replica that answered (VL_REPLICA_NAME or "
+                                                               "its host name)", "schema": {"type": "string"}}},
                     "content": {JSON: {"schema": {"$ref": REF.format(model="ChatCompletion")}},
                                 SSE: {"schema": {"$ref": REF.format(model="ServerSentEvent")}}}},
             "400": _error("invalid request: bad JSON, a field out of range or of the wrong type, a bad image, too "

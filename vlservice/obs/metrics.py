@@ -2,7 +2,8 @@
 
 `prometheus_client` with a registry per app, so tests can build several apps in one process.
 A chat request is counted through one `ChatRecord`: in flight from its start, counted by status
-exactly once when it ends, whichever of its possible ends comes first.
+exactly once when it ends, whichever of its possible ends comes first. The shared Redis tier's
+counters are read from the service when scraped (`SharedCacheCollector`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 STAGES = ("queue_ms", "image_decode_ms", "preprocess_ms", "vision_encode_ms", "prompt_ms", "ttft_ms",
           "predicted_ms", "total_ms")
@@ -45,6 +47,7 @@ class Metrics:
         self.batch = Histogram("vlservice_decode_batch_size", "Sequences in each batched decode step",
                                buckets=(1, 2, 3, 4, 6, 8, 12, 16), registry=r)
         service.step_listeners.append(self.batch.observe)
+        r.register(SharedCacheCollector(service))
 
     def chat_started(self) -> ChatRecord:
         return ChatRecord(self)
@@ -87,3 +90,28 @@ class ChatRecord:
         m.requests.labels(str(status)).inc()
         if self.result and status == 200:
             m._observe(self.result)
+
+
+class SharedCacheCollector:
+    """The Redis tier's counters (`VL_REDIS_URL`), read from the service at each scrape; nothing
+    when there is no shared tier. `fallbacks` counts calls answered locally because Redis was
+    down, slow or refusing; `outages` the times it went from usable to not."""
+
+    HELP = {"hits": "Shared-cache lookups found in Redis", "misses": "Shared-cache lookups not in Redis",
+            "writes": "Entries written to Redis", "fallbacks": "Redis calls skipped or failed (local caches only)",
+            "outages": "Times Redis went from usable to unusable", "corrupt": "Redis entries ignored as corrupt"}
+
+    def __init__(self, service):
+        self.service = service
+
+    def describe(self):
+        return []  # the families exist only when the service has a shared tier
+
+    def collect(self):
+        shared = getattr(self.service, "shared", None)
+        if shared is None:
+            return
+        stats = shared.stats()
+        for name, text in self.HELP.items():
+            yield CounterMetricFamily(f"vlservice_redis_{name}", text, value=stats[name])
+        yield GaugeMetricFamily("vlservice_redis_up", "1 while Redis answers", value=int(stats["up"]))

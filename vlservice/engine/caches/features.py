@@ -12,6 +12,9 @@ the account updated on every write and eviction. Other Gunicorn workers write to
 so every write also stamps the folder (`.stamp`'s modification time); a worker that finds the
 stamp is not its own walks the folder again before it counts, and the budget holds for the folder,
 not per worker. With one worker that never happens.
+
+With `VL_REDIS_URL` a third tier sits behind these two (`shared.py`): what another replica
+encoded is found there, and every new entry is written there too.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import numpy as np
 from cachetools import LRUCache
 
 from ..vision import VisionFeatures
+from .shared import CorruptEntry, SharedStore, pack_features, unpack_features
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +67,15 @@ class _DiskIndex(LRUCache):
 
 
 class FeatureCache:
-    def __init__(self, memory_bytes: int, disk_dir: Path | None = None, disk_bytes: int = 0):
+    def __init__(self, memory_bytes: int, disk_dir: Path | None = None, disk_bytes: int = 0,
+                 shared: SharedStore | None = None):
         self.memory_bytes = memory_bytes
+        self.shared = shared
         self.disk_dir = Path(disk_dir) if disk_dir and disk_bytes > 0 else None
         self.disk_bytes = disk_bytes
         self._mem = _MemoryTier(memory_bytes)
         self._lock = threading.Lock()
-        self.hits = self.misses = self.disk_hits = self.corrupt = 0
+        self.hits = self.misses = self.disk_hits = self.shared_hits = self.corrupt = 0
         if self.disk_dir:
             self.disk_dir.mkdir(parents=True, exist_ok=True)
         self._stamp_seen = self._stamp_ns()
@@ -83,12 +89,15 @@ class FeatureCache:
                 self.hits += 1
                 return feats
         feats = self._disk_get(key)
+        tier = "disk_hits"
+        if feats is None:
+            feats, tier = self._shared_get(key), "shared_hits"
         with self._lock:
             if feats is None:
                 self.misses += 1
                 return None
             self.hits += 1
-            self.disk_hits += 1
+            setattr(self, tier, getattr(self, tier) + 1)
             self._mem_put(key, feats)
         return feats
 
@@ -96,13 +105,15 @@ class FeatureCache:
         with self._lock:
             self._mem_put(key, feats)
         self._disk_put(key, feats)
+        if self.shared:
+            self.shared.put("features", key, pack_features(feats))
 
     def stats(self) -> dict:
         with self._lock:
             return {
                 "hits": self.hits, "misses": self.misses, "disk_hits": self.disk_hits,
                 "entries": len(self._mem), "bytes": self._mem.currsize, "capacity_bytes": self.memory_bytes,
-                "evictions": self._mem.evictions, "corrupt": self.corrupt,
+                "evictions": self._mem.evictions, "corrupt": self.corrupt, "shared_hits": self.shared_hits,
                 "disk_bytes": self._disk.currsize, "disk_entries": len(self._disk),
             }
 
@@ -110,6 +121,18 @@ class FeatureCache:
     def _mem_put(self, key: str, feats: VisionFeatures) -> None:
         if feats.nbytes <= self.memory_bytes:  # larger than the whole tier: not kept
             self._mem[key] = feats
+
+    # ----------------------------------------------------------------- shared (Redis)
+    def _shared_get(self, key: str) -> VisionFeatures | None:
+        data = self.shared.get("features", key) if self.shared else None
+        if data is None:
+            return None
+        try:
+            return unpack_features(data)
+        except CorruptEntry as exc:  # a miss: the encoder runs and the entry is written anew
+            assert self.shared is not None
+            self.shared.corrupt("features", key, str(exc))
+            return None
 
     # ----------------------------------------------------------------- disk
     def _path(self, key: str) -> Path:

@@ -1,0 +1,151 @@
+"""The shared tier in Redis (`VL_REDIS_URL`): what one replica computed, every replica reuses.
+
+Vision features and whole greedy answers are content-addressed (their keys hash the pixels or the
+prompt, the model's fingerprint and the vision backend), so they mean the same on every replica:
+an image encoded on replica A is a hit on replica B. The conversation's KV cache is not shared (it
+is large, and lives beside the model that made it); the load balancer keeps a session on its
+replica instead.
+
+Redis is a cache, never a dependency: every call has a short timeout and no retries, and any
+failure (down, slow, full, an entry that does not decode) makes the call a miss or a skipped
+write, counted, and the request goes on with the local tiers. The first failure of an outage is
+logged (once); for `RETRY_S` after it Redis is not asked at all, so a dead Redis costs requests
+nothing; then it is tried again, and the first success ends the outage (logged too). Entries
+expire after `VL_REDIS_TTL_S`; Redis' own `maxmemory` with `allkeys-lru` bounds the whole tier
+(deploy/k8s/redis.yaml, compose.scale.yaml).
+
+Features travel as bytes with their shapes and dtypes (`pack_features`), with a checksum, so a
+truncated or foreign value is refused, not fed to the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import struct
+import threading
+import time
+
+import numpy as np
+
+from ..vision import VisionFeatures
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 1.0  # after a failure, Redis is left alone this long (requests go on locally meanwhile)
+MAGIC = b"VLF1"
+_HEAD = struct.Struct("<4sI")  # magic, length of the JSON header that follows
+
+
+class CorruptEntry(ValueError):
+    """A stored value that does not decode into what its key promises."""
+
+
+def pack_features(feats: VisionFeatures) -> bytes:
+    arrays = [np.ascontiguousarray(a) for a in (feats.embeds, *feats.deepstack)]
+    body = b"".join(a.tobytes() for a in arrays)
+    header = json.dumps({"arrays": [[a.dtype.str, list(a.shape)] for a in arrays],
+                         "sum": hashlib.blake2b(body, digest_size=16).hexdigest()}).encode()
+    return _HEAD.pack(MAGIC, len(header)) + header + body
+
+
+def unpack_features(data: bytes) -> VisionFeatures:
+    try:
+        magic, n = _HEAD.unpack_from(data)
+        if magic != MAGIC:
+            raise CorruptEntry("not a feature entry")
+        header = json.loads(data[_HEAD.size:_HEAD.size + n])
+        body = memoryview(data)[_HEAD.size + n:]
+        if hashlib.blake2b(body, digest_size=16).hexdigest() != header["sum"]:
+            raise CorruptEntry("checksum mismatch")
+        arrays, offset = [], 0
+        for dtype, shape in header["arrays"]:
+            dt = np.dtype(dtype)
+            count = int(np.prod(shape, dtype=np.int64))
+            arrays.append(np.frombuffer(body, dt, count, offset).reshape(shape).copy())
+            offset += count * dt.itemsize
+        if offset != len(body) or not arrays:
+            raise CorruptEntry("length mismatch")
+    except CorruptEntry:
+        raise
+    except Exception as exc:  # struct, JSON, numpy: whatever a garbled value trips
+        raise CorruptEntry(f"{type(exc).__name__}: {exc}") from None
+    return VisionFeatures(embeds=arrays[0], deepstack=arrays[1:])
+
+
+class SharedStore:
+    """One Redis connection pool for both caches, failing open, with its own counters."""
+
+    def __init__(self, url: str, namespace: str, timeout_s: float, ttl_s: int):
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        self.url_shown = url.split("@")[-1]  # never log a password
+        self.namespace = namespace
+        self.ttl_s = ttl_s
+        self._redis = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                           retry=Retry(NoBackoff(), 0))
+        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        self._lock = threading.Lock()
+        self._down_until = 0.0
+        self.up = True
+        self.counts = {name: 0 for name in ("hits", "misses", "writes", "fallbacks", "outages", "corrupt")}
+
+    # ----------------------------------------------------------------- bytes in, bytes out
+    def get(self, kind: str, key: str) -> bytes | None:
+        """The value, or None: a miss, or Redis unusable (a fallback)."""
+        value = self._call(lambda: self._redis.get(self._key(kind, key)))
+        if value is not None:
+            self._count("hits")
+        elif self.up:
+            self._count("misses")
+        return value
+
+    def put(self, kind: str, key: str, value: bytes) -> None:
+        if self._call(lambda: self._redis.set(self._key(kind, key), value, ex=self.ttl_s or None)):
+            self._count("writes")
+
+    def corrupt(self, kind: str, key: str, why: str) -> None:
+        """A value that did not decode: counted, logged, and removed so that it is written anew."""
+        self._count("corrupt")
+        log.warning("ignoring a corrupt %s entry in Redis (%s)", kind, why)
+        self._call(lambda: self._redis.delete(self._key(kind, key)))
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {"url": self.url_shown, "up": self.up, **self.counts}
+
+    # ----------------------------------------------------------------- failing open
+    def _key(self, kind: str, key: str) -> str:
+        return f"{self.namespace}:{kind}:{key}"
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self.counts[name] += 1
+
+    def _call(self, op):
+        if time.monotonic() < self._down_until:
+            self._count("fallbacks")
+            return None
+        try:
+            result = op()
+        except self._errors as exc:
+            with self._lock:
+                self.counts["fallbacks"] += 1
+                self._down_until = time.monotonic() + RETRY_S
+                first = self.up
+                if first:
+                    self.up = False
+                    self.counts["outages"] += 1
+            if first:
+                log.warning("Redis at %s unusable (%s: %s): serving from local caches until it is back",
+                            self.url_shown, type(exc).__name__, exc)
+            return None
+        if not self.up:
+            with self._lock:
+                back, self.up = not self.up, True
+            if back:
+                log.warning("Redis at %s is back: the shared caches are used again", self.url_shown)
+        return result
