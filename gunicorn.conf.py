@@ -11,6 +11,11 @@ imports; `vlservice.config` is cheap to import (no torch).
   its threads, opens its ONNX Runtime session and warms up after the fork (in a background
   thread: /healthz answers at once, /readyz says 503 until the warm-up is done). VL_DEFER_START
   tells wsgi.py not to start the service in the master.
+- post_worker_init also replaces the worker's SIGTERM handler with a drain: the service refuses
+  new requests at once (503 `draining` with Retry-After, /readyz 503, so balancers move on) while
+  the running ones finish; once none is left (or VL_GRACEFUL_TIMEOUT has nearly passed) the
+  worker stops as Gunicorn's own handler would. Its listening socket stays open meanwhile, so a
+  request that still arrives gets that 503 instead of a refused connection.
 - worker_exit: a worker that is done leaves with os._exit (keeping its exit code) once its logs
   are flushed. Interpreter shutdown would run the native libraries' static destructors while
   their pool threads still wait on them, and the worker aborted ("terminate called after throwing
@@ -41,7 +46,16 @@ loglevel = _settings.log_level.lower()
 
 
 def post_worker_init(worker):
-    worker.wsgi.extensions["vlservice"].start_in_background()
+    import signal
+
+    ctx = worker.wsgi.extensions["vlservice"]
+    ctx.start_in_background()
+    stop = worker.handle_exit  # Gunicorn's: the worker's loop ends, in-flight requests get graceful_timeout
+
+    def drain(sig, frame):
+        ctx.drain_then(lambda: stop(sig, frame), worker.cfg.graceful_timeout)
+
+    signal.signal(signal.SIGTERM, drain)
 
 
 def worker_exit(server, worker):

@@ -33,7 +33,8 @@ def cluster(tmp_path_factory, cache_dir):
     try:
         for name in ("a", "b"):
             env = {"VL_MODEL": "demo", "VL_CACHE_DIR": str(cache_dir), "VL_DISK_CACHE_MB": "0",
-                   "VL_REDIS_URL": redis_proc.url, "VL_REPLICA_NAME": name, "VL_QUEUE_SIZE": "4"}
+                   "VL_REDIS_URL": redis_proc.url, "VL_REPLICA_NAME": name, "VL_QUEUE_SIZE": "4",
+                   "VL_GRACEFUL_TIMEOUT": "120"}
             replicas[name] = ServerProcess(env, ARTIFACTS / f"replica-{name}.log").start()
         nginx = NginxProcess(work / "nginx", [f"127.0.0.1:{replicas[n].port}" for n in ("a", "b")]).start()
         yield {"redis": redis_proc, "nginx": nginx, **replicas}
@@ -133,7 +134,7 @@ def test_a_stream_passes_through_unbuffered(cluster, sessions):
                            headers={"X-Session-Id": session}, timeout=10)
     assert cancel.status_code == 200, cancel.text
     assert cancel.headers["X-Served-By"] == "a"
-    rest = list(events)
+    rest = [line for line in events if line]
     assert rest[-1] == "data: [DONE]" and any('"code": "cancelled"' in line for line in rest)
 
 
@@ -162,6 +163,39 @@ def test_redis_stopped_mid_run_then_back(cluster, sessions):
         time.sleep(0.3)
     hit = post(nginx, image_message(photo(220), "What is in it?"), session=sessions["b"][0], result_cache=False)
     assert hit.headers["X-Served-By"] == "b" and hit.json()["timings"]["vision_cache_hit"] is True
+
+
+def test_sigterm_drains_a_replica_without_cutting_its_stream(cluster, sessions):
+    nginx, a, session = cluster["nginx"].url, cluster["a"], sessions["a"][0]
+    r = post(nginx, [{"role": "user", "content": "Tell a long story."}], session=session, stream=True,
+             max_tokens=1024, min_tokens=1024, result_cache=False)
+    assert r.headers["X-Served-By"] == "a"
+    events = r.iter_lines(decode_unicode=True)
+    for line in events:
+        if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+            break  # the answer is streaming
+    os.kill(a.proc.pid, signal.SIGTERM)  # Gunicorn's master passes it to the worker, as `docker stop` does
+    deadline = time.time() + 20
+    while requests.get(a.url + "/readyz", timeout=5).status_code == 200 and time.time() < deadline:
+        time.sleep(0.05)
+    ready = requests.get(a.url + "/readyz", timeout=5)
+    assert ready.status_code == 503 and ready.json()["error"]["code"] == "draining"
+    refused = post(a.url, [{"role": "user", "content": "Hi"}], max_tokens=1)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+    assert refused.headers["Retry-After"] == "1"
+    moved = post(nginx, [{"role": "user", "content": "Hi"}], session=session, max_tokens=1)
+    assert moved.status_code == 200 and moved.headers["X-Served-By"] == "b"  # nginx passed the 503 on
+    rest = [line for line in events if line]
+    assert rest[-1] == "data: [DONE]"
+    final = [json.loads(line[6:]) for line in rest if line.startswith("data: {")]
+    assert [c["choices"][0]["finish_reason"] for c in final if c["choices"]][-1] == "length"  # whole
+    assert a.proc.wait(60) == 0  # then the replica stops by itself
+
+    a.start()  # back on its port; nginx tries it again once its 10 s of failure have passed
+    deadline = time.time() + 30
+    while post(nginx, [{"role": "user", "content": "Hi"}], session=session, max_tokens=1) \
+            .headers["X-Served-By"] != "a" and time.time() < deadline:
+        time.sleep(0.5)
 
 
 def test_a_killed_replica_hands_its_sessions_to_the_other(cluster, sessions):

@@ -79,8 +79,10 @@ def test_redis_down_means_local_caches_and_back_means_shared_again(replicas, red
 
     redis_proc.start()  # same port, empty (no persistence)
     deadline = time.time() + 5 * shared.RETRY_S + 10
+    seed = 300
     while not a.shared.stats()["up"] and time.time() < deadline:
-        ask(a, seed=105)  # each request tries Redis again once the back-off has passed
+        seed += 1
+        ask(a, seed=seed)  # a new image: past the back-off, its lookups reach Redis again
         time.sleep(shared.RETRY_S / 4)
     assert a.shared.stats()["up"] is True
     ask(a, seed=106)

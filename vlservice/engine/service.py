@@ -115,6 +115,7 @@ class VLModelService:
         self.encoder: Encoder | None = None
         self.export_stats: dict = {}
         self.ready = False
+        self.draining = False  # set on SIGTERM (drain()): no new requests, the running ones finish
         self.warmup_s = 0.0
         self.scheduler: Scheduler | None = None
         self.step_listeners: list = []  # callables(batch size) after every decode step (metrics)
@@ -184,6 +185,16 @@ class VLModelService:
         log.info("ready: vision=%s threads=%d warm-up %.1f s", self.encoder.name, threads, self.warmup_s)
         return self
 
+    def drain(self) -> None:
+        """Take no new requests (they get 503 `draining`, to be retried elsewhere); the running and
+        queued ones go on. The worker's SIGTERM handler calls it, then waits for `idle()`."""
+        self.draining = True
+
+    def idle(self) -> bool:
+        """No request running, queued or being replayed."""
+        with self._active_lock:
+            return not self._active
+
     def close(self, timeout: float = 30) -> None:
         """Stop the scheduler once the step it is in ends (before the process exits)."""
         if self.scheduler is not None:
@@ -208,6 +219,9 @@ class VLModelService:
     def submit(self, request: ChatRequest) -> Generation:
         if not self.ready:
             raise NotReady("the model is still loading; retry shortly", code="not_ready")
+        if self.draining:
+            raise NotReady("this replica is shutting down; retry (another replica will answer)", code="draining",
+                           retry_after=1)
         assert self.encoder is not None, "ready: start() loaded the encoder"
         self._check_sampling(request.sampling)
         t0 = time.perf_counter()

@@ -43,6 +43,20 @@ class AppContext:
         except Exception:
             log.exception("the service failed to start")
 
+    def drain_then(self, stop, grace_s: float) -> None:
+        """Refuse new requests now; call `stop()` once the running ones are done, or a second before
+        `grace_s` ends (Gunicorn's master kills the worker then). Returns at once (a signal handler)."""
+        self.service.drain()
+        deadline = time.monotonic() + max(0.0, grace_s - 1.0)
+
+        def wait():
+            while not self.service.idle() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            log.info("drained (%s); stopping", "idle" if self.service.idle() else "grace period over")
+            stop()
+
+        threading.Thread(target=wait, name="vlservice-drain", daemon=True).start()
+
     def encode_ms_per_token(self):
         t = self.service.last_timings
         if t.get("vision_encode_ms") and t.get("image_tokens"):
