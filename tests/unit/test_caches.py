@@ -125,11 +125,11 @@ def test_result_cache_is_lru_by_entries():
     assert cache.get("a") == {"text": "A"}  # a is now the most recently used: b goes first
     cache.put("c", {"text": "C"})
     assert cache.get("b") is None and cache.get("a") and cache.get("c")
-    assert cache.stats() == {"entries": 2, "capacity": 2, "hits": 3, "misses": 1}
+    assert cache.stats() == {"entries": 2, "capacity": 2, "hits": 3, "misses": 1, "shared_hits": 0}
 
 
 def test_result_cache_off():
     cache = ResultCache(0)  # VL_RESULT_CACHE_ENTRIES=0
     cache.put("a", {"text": "A"})
     assert cache.get("a") is None
-    assert cache.stats() == {"entries": 0, "capacity": 0, "hits": 0, "misses": 1}
+    assert cache.stats() == {"entries": 0, "capacity": 0, "hits": 0, "misses": 1, "shared_hits": 0}

@@ -80,6 +80,9 @@ class Stats(BaseModel):
     cache: dict[str, float] = Field(description="vision feature cache (memory and disk tiers)")
     kv_cache: dict[str, float] = Field(description="conversation KV caches kept for follow-ups")
     result_cache: dict[str, float] = Field(description="answers of identical greedy requests")
+    shared_cache: dict[str, float | bool | str] | None = Field(
+        None, description="the caches' Redis tier (VL_REDIS_URL): url, up, hits, misses, writes, fallbacks, outages, "
+                          "corrupt; null without one")
     last_timings: dict[str, float | bool]
     counters: dict[str, int]
     ready: bool
@@ -225,7 +228,7 @@ def _paths(settings) -> dict:
         "/healthz": get("health", "Liveness: the process answers (200 while the model loads too)",
                         _json("alive", "Health")),
         "/readyz": get("ready", "Readiness: the model is loaded and warmed up", _json("ready", "Ready"),
-                       **{"503": _error("still loading or warming up (`not_ready`)")}),
+                       **{"503": _error("still loading or warming up (`not_ready`), or shutting down (`draining`)")}),
         "/api/stats": get("stats", "Live statistics of this worker: memory, queue, caches, counters, CPU",
                           _json("statistics", "Stats")),
         "/api/config": get("config", "What clients need to know: limits, model, detail budgets",
