@@ -79,3 +79,38 @@ def test_batches_pack_follow_up_turns_and_label_only_the_answers():
         assert text.count("<|vision_start|>") == 1  # one image, asked about several times
     n_image = int((batch["input_ids"] == image_id).sum())
     assert n_image == int(batch["image_grid_thw"].prod(dim=1).sum()) // 4 == batch["token_targets"].shape[0]
+
+
+@pytest.mark.slow
+def test_continuing_with_a_grown_vocabulary_keeps_what_the_model_knew():
+    """`--init` with the phrasings' larger vocabulary: every token's id moves, the model's answers
+    about the presets must not (its loss on them stays where it was), and the image token follows."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
+
+    from vlservice.demo.data import iter_samples
+    from vlservice.demo.train import DEMO_PREPROCESSOR, VOCAB_LIMIT, Batcher, adopt_vocabulary, corpus_texts
+    from vlservice.engine import images as I
+    from vlservice.engine.checkpoints import bundled_demo_path
+    from vlservice.tools.checkpoints import preprocessor_config, real_architecture, token_ids
+    from vlservice.tools.tokenizer import build_tokenizer
+
+    old_tok = AutoTokenizer.from_pretrained(str(bundled_demo_path()))
+    new_tok = build_tokenizer(VOCAB_LIMIT, keep_texts=corpus_texts())
+    assert len(new_tok) > len(old_tok)
+    model = Qwen3VLForConditionalGeneration.from_pretrained(str(bundled_demo_path()), dtype=torch.float32).eval()
+    pre = preprocessor_config(real_architecture())
+    pre.update(DEMO_PREPROCESSOR)
+    spec = I.ImageSpec.from_preprocessor_config(pre)
+    samples = list(iter_samples(31, 8))
+
+    def loss(tok):
+        with torch.no_grad():
+            return model(**Batcher(tok, spec, token_ids(tok)["image_token_id"])(samples)).loss.item()
+
+    before = loss(old_tok)
+    adopt_vocabulary(model, old_tok, new_tok)
+    assert model.config.image_token_id == token_ids(new_tok)["image_token_id"] != token_ids(old_tok)["image_token_id"]
+    assert model.get_input_embeddings().weight.shape[0] == (len(new_tok) + 63) // 64 * 64
+    assert loss(new_tok) < before + 0.05  # the answers it knew are still its answers
+    assert model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()  # still tied
