@@ -101,8 +101,12 @@ def test_sixteen_concurrent_requests_answer_as_they_do_alone(batched, one_at_a_t
     for (_, s), a, b in zip(specs, alone, together):
         assert (a["text"], a["finish_reason"], a["usage"]) == (b["text"], b["finish_reason"], b["usage"]), s
         assert b["usage"]["completion_tokens"] >= min(s["min_tokens"], s["max_tokens"]) or b["finish_reason"] == "stop"
-    sizes = batched.scheduler.stats()["batch_sizes"]
+    stats = batched.scheduler.stats()
+    sizes = stats["batch_sizes"]
     assert max(sizes) >= 3, sizes  # they really shared decode steps
+    steps = stats["step_ms"]  # decode-step times by batch size, as /api/stats shows them
+    assert set(steps) == set(sizes) and sum(v["steps"] for v in steps.values()) == sum(sizes.values())
+    assert all(0 < v["forward_ms"] <= v["step_ms"] for v in steps.values())
     assert any(r["timings"]["wait_ms"] > 0 for r in together)  # and waited for each other's prefills
 
 

@@ -458,6 +458,10 @@ def main(argv=None) -> int:
     from ..config import Settings
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--decode" in argv:
+        from . import decodeprof  # one decode step's time, part by part, beside its kernel floor
+
+        return decodeprof.main([a for a in argv if a != "--decode"])
     if any(a == "--concurrency" or a.startswith("--concurrency=") for a in argv):
         from . import concurrency  # several clients at once, through the real server
 
@@ -473,6 +477,9 @@ def main(argv=None) -> int:
     ap.add_argument("--concurrency", metavar="N,N,...",
                     help="only several clients at once through the real server (concurrency.md/json/png in --out; "
                          "see python -m vlservice.tools.concurrency --help)")
+    ap.add_argument("--decode", action="store_true",
+                    help="only one decode step, part by part, beside its kernel floor (decode.md/json in --out; "
+                         "see python -m vlservice.tools.decodeprof --help)")
     ap.add_argument("--levers", action="store_true",
                     help="only the system settings (allocators, threads, affinity, grayscale): levers.md/json in --out")
     args = ap.parse_args(argv)

@@ -358,10 +358,22 @@ def chart(report: dict, path: Path) -> None:
     cv2.imwrite(str(path), img)
 
 
-def main(argv=None) -> int:
+def start_report(args) -> tuple:
+    """Logging, settings, the output folder, the checkpoint, and a report that names the machine:
+    (settings, model folder, report)."""
     from ..config import Settings
     from .bench import machine_limits
     from .workloads import bench_model
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = Settings.from_env()
+    args.out.mkdir(parents=True, exist_ok=True)
+    model_dir, _ = bench_model(settings.cache_path, args.quick)
+    return settings, model_dir, {"cpu": cpu_info(settings.num_threads),
+                                 "limits": machine_limits(settings.num_threads, args.quick)}
+
+
+def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m vlservice bench --concurrency", description=__doc__.split("\n\n")[0])
     ap.add_argument("--concurrency", default="1,2,4,8")
@@ -371,11 +383,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="the same code on a tiny checkpoint")
     ap.add_argument("--out", type=Path, default=Path("bench-out"))
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings.from_env()
-    args.out.mkdir(parents=True, exist_ok=True)
-    model_dir, _ = bench_model(settings.cache_path, args.quick)
-    report = {"cpu": cpu_info(settings.num_threads), "limits": machine_limits(settings.num_threads, args.quick)}
+    _, model_dir, report = start_report(args)
     report.update(measure(args, model_dir, args.out))
     (args.out / "concurrency.json").write_text(json.dumps(report, indent=2))
     (args.out / "concurrency.md").write_text(markdown(report))
