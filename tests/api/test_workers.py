@@ -5,6 +5,7 @@ take requests, and concurrent chat requests are all answered whole. `/api/stats`
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
@@ -33,15 +34,19 @@ def stats(srv) -> dict:
         return s.get(srv.url + "/api/stats", timeout=30).json()
 
 
-def stats_by_worker(srv, want: int = 2, tries: int = 400) -> dict[int, dict]:
-    """/api/stats of each worker, asked on new connections until `want` workers answered."""
+def stats_by_worker(srv, want: int = 2, wait_s: float = 120) -> dict[int, dict]:
+    """/api/stats of each worker, asked on new connections until `want` workers answered ready.
+    The server counts as started when one worker answers /readyz; the other may still be warming
+    up, so a worker's latest answer replaces its earlier one until every worker is ready."""
     seen: dict[int, dict] = {}
+    deadline = time.monotonic() + wait_s
     with ThreadPoolExecutor(8) as pool:
-        for _ in range(tries // 8):
+        while time.monotonic() < deadline:
             for st in pool.map(lambda _: stats(srv), range(8)):
                 seen[st["pid"]] = st
-            if len(seen) >= want:
+            if len(seen) >= want and all(st["ready"] for st in seen.values()):
                 break
+            time.sleep(0.05)
     return seen
 
 

@@ -19,7 +19,7 @@ import requests
 
 from conftest import ARTIFACTS, image_message, png_bytes, scene
 from server import ServerProcess
-from services import NginxProcess, RedisProcess
+from vlservice.tools.services import NginxProcess, RedisProcess
 
 QUESTION = "Describe this image."
 

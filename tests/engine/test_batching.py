@@ -84,6 +84,36 @@ def test_int8_rows_do_not_depend_on_their_batch():
     assert (alone - ref).abs().max() / ref.abs().max() < 0.05  # and still the product it stands for
 
 
+def test_a_row_scaled_int8_linear_reads_its_weights_once():
+    """The row-scaled forward subtracts and re-adds the bias; reading it through `bias()` unpacks
+    the whole int8 matrix (fbgemm's PackBMatrix::unpack) on every call, which made a real-size INT8
+    token take seconds. After the first call the packed weights are never unpacked again, and the
+    results keep the bias; new weights (set_weight_bias) bring their own bias."""
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    from vlservice.engine.quant import make_rows_independent
+
+    torch.manual_seed(0)
+    lin = quantize_dynamic(torch.nn.Sequential(torch.nn.Linear(64, 32)),
+                           {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)[0]
+    make_rows_independent(torch.nn.Sequential(lin))
+    x = torch.randn(3, 64)
+    unpacks = []
+    params = lin._packed_params
+    unpack = params._weight_bias
+    params._weight_bias = lambda: unpacks.append(1) or unpack()
+    with torch.inference_mode():
+        first = lin(x)
+        again = [lin(x) for _ in range(5)]
+    assert len(unpacks) == 1
+    assert all(torch.equal(first, y) for y in again)
+    w, b = unpack()
+    assert (first - (x @ w.dequantize().T + b)).abs().max() < 0.05 * first.abs().max()
+    lin.set_weight_bias(w, b + 10)
+    with torch.inference_mode():
+        assert torch.allclose(lin(x), first + 10, atol=1e-3)
+
+
 def test_sixteen_concurrent_requests_answer_as_they_do_alone(batched, one_at_a_time):
     """Mixed lengths, stop strings, min_tokens and seeded sampling: batched answers equal the
     answers given one at a time."""

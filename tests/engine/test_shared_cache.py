@@ -16,7 +16,7 @@ from vlservice.engine.service import load_service
 from vlservice.engine.types import ChatRequest, ImageInput, Message, Sampling
 
 from conftest import png_bytes, scene
-from services import RedisProcess
+from vlservice.tools.services import RedisProcess
 
 
 @pytest.fixture(scope="module")

