@@ -55,7 +55,9 @@ class Settings:
     threads: int = 0  # 0 = physical cores / workers
     workers: int = 1  # Gunicorn worker processes (read here to split the cores between them)
     max_batch: int = 4  # requests decoded together, one forward pass per token for all (1: one at a time)
-    prefill_chunk: int = 64  # prompt tokens prefilled between two decode steps of the running requests
+    # prompt tokens of a new request carried by each pass beside the running streams' tokens; 0: as
+    # many as keep the pass within about three decode steps (measured as the server runs)
+    prefill_chunk: int = 0
     queue_size: int = 8  # callers allowed to wait for a slot (beyond the VL_MAX_BATCH running)
     queue_timeout_s: float = 120.0  # a queued request that waits longer gets a timeout error
     max_tokens_cap: int = 1024  # largest max_tokens a request may ask for

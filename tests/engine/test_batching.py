@@ -62,6 +62,57 @@ def test_lean_forward_gives_the_generic_forward_bits_at_batch_one(service_for):
         assert torch.equal(g, w)
 
 
+def test_a_prompt_chunk_riding_with_running_tokens_gives_what_each_pass_gives_alone(service_for):
+    """One pass carrying two streams' next tokens and a chunk of a third sequence's prompt (image
+    rows and deepstack inside it) gives each the logits and the cache contents of its own pass."""
+    import copy
+
+    from vlservice.engine import images as I
+    from vlservice.engine.lm import Chunk, SeqPos
+
+    svc = service_for("torch")
+    lean = svc.lean
+
+    def inputs(seed):
+        p = I.prepare(I.decode(png_bytes(scene(120, 160, seed=seed)), svc.limits), svc.spec,
+                      svc.settings.detail_low_pixels)
+        prompt = svc._prompt([Message("user", [ImageInput(b""), QUESTION])], [p])
+        return svc.decoder.prefill_inputs(prompt, [svc.encoder(p.pixel_values, p.grid_thw)])
+
+    running = []
+    for seed in (4, 5):
+        (embeds, positions, mask, deepstack), pos = inputs(seed)
+        kv = lean.new_kv()
+        token = int(lean.prefill(kv, embeds, positions, mask, deepstack).argmax())
+        running.append((token, kv, pos))
+    (embeds, positions, mask, deepstack), _ = inputs(6)
+    kv_new = lean.new_kv()
+    cut = int(mask[0].nonzero()[0])  # the text before the image goes first, alone
+    lean.prefill(kv_new, embeds[:, :cut], positions[:, :, :cut], logits=False)
+    n_vis = int(mask.sum())
+    chunk_mask = mask[:, cut:]
+
+    def chunk(kv):
+        return Chunk(kv, embeds[:, cut:], positions[:, :, cut:], chunk_mask, [d[:n_vis] for d in deepstack])
+
+    alone_kvs = [copy.deepcopy(kv) for _, kv, _ in running]
+    alone_pos = [SeqPos(p.next_pos, p.delta) for _, _, p in running]
+    alone = lean.decode([t for t, _, _ in running], alone_kvs, alone_pos)
+    alone_kv_new = copy.deepcopy(kv_new)
+    alone_chunk = lean.prefill(alone_kv_new, embeds[:, cut:], positions[:, :, cut:], chunk_mask,
+                               [d[:n_vis] for d in deepstack])
+    together, chunk_logits = lean.step([t for t, _, _ in running], [kv for _, kv, _ in running],
+                                       [p for _, _, p in running], chunk(kv_new))
+    assert together.shape == alone.shape and chunk_logits.shape == alone_chunk.shape
+    assert torch.allclose(together, alone, atol=1e-4) and torch.equal(together.argmax(-1), alone.argmax(-1))
+    assert torch.allclose(chunk_logits, alone_chunk, atol=1e-4) and chunk_logits.argmax() == alone_chunk.argmax()
+    for (_, kv, pos), kv_alone, pos_alone in zip(running, alone_kvs, alone_pos):
+        assert kv.length == kv_alone.length and pos.next_pos == pos_alone.next_pos
+        assert torch.allclose(kv.keys[-1][:, :kv.length], kv_alone.keys[-1][:, :kv.length], atol=1e-4)
+    assert kv_new.length == alone_kv_new.length == embeds.shape[1]
+    assert torch.allclose(kv_new.values[-1][:, :kv_new.length], alone_kv_new.values[-1][:, :kv_new.length], atol=1e-4)
+
+
 def test_int8_rows_do_not_depend_on_their_batch():
     """Per-row activation scales: a row's INT8 result is the same bits alone or beside a row 20x
     larger (PyTorch's per-tensor dynamic quantisation changed it by up to 29%)."""
@@ -134,8 +185,10 @@ def test_sixteen_concurrent_requests_answer_as_they_do_alone(batched, one_at_a_t
     stats = batched.scheduler.stats()
     sizes = stats["batch_sizes"]
     assert max(sizes) >= 3, sizes  # they really shared decode steps
-    steps = stats["step_ms"]  # decode-step times by batch size, as /api/stats shows them
-    assert set(steps) == set(sizes) and sum(v["steps"] for v in steps.values()) == sum(sizes.values())
+    steps = stats["step_ms"]  # decode-only step times by batch size, as /api/stats shows them
+    assert set(steps) <= set(sizes)
+    assert sum(v["steps"] for v in steps.values()) + stats["mixed_steps"] == sum(sizes.values())
+    assert stats["mixed_steps"] > 0  # prompts' chunks rode along with running tokens
     assert all(0 < v["forward_ms"] <= v["step_ms"] for v in steps.values())
     assert any(r["timings"]["wait_ms"] > 0 for r in together)  # and waited for each other's prefills
 
@@ -255,3 +308,40 @@ def test_kv_of_a_sequence_grows_and_copies_only_what_is_filled():
     branch.advance(1)
     assert branch.length == 11 and kv.length == BLOCK + 3  # the original is whole
     assert float(kv.keys[0][0, 10, 0]) == 10.0 and float(branch.keys[0][0, 10, 0]) == -1.0
+
+
+def test_chunks_sized_by_time_carry_new_prompts_beside_running_streams(settings_for, one_at_a_time):
+    """The default (`VL_PREFILL_CHUNK=0`): beside running streams a prompt's chunk is sized from the
+    measured decode step and prompt-token times; the running stream still gets a token in every
+    pass that carries a chunk, and every answer is the one given alone."""
+    from vlservice.engine.service import load_service
+
+    svc = load_service(settings_for(max_batch=4, kv_cache_mb=0, queue_size=16, warmup=False, disk_cache_mb=0))
+    try:
+        assert svc.scheduler.prefill_chunk == 0
+        runner = svc.submit(request(-1, "Hello", max_tokens=60, min_tokens=60))
+        answering, out = threading.Event(), {}
+
+        def consume():
+            parts = []
+            for ev in runner.events():
+                if ev.kind == "delta":
+                    parts.append(ev.text)
+                    answering.set()
+            out["text"] = "".join(parts)
+
+        t = threading.Thread(target=consume)
+        t.start()
+        assert answering.wait(60)
+        newcomers = [request(40 + i, max_tokens=5) for i in range(3)]
+        gens = [svc.submit(r) for r in newcomers]
+        got = [g.result()["text"] for g in gens]
+        t.join(60)
+        runner_text = out["text"]
+        assert got == [one_at_a_time.chat(r)["text"] for r in newcomers]
+        assert runner_text == one_at_a_time.chat(request(-1, "Hello", max_tokens=60, min_tokens=60))["text"]
+        stats = svc.scheduler.stats()
+        assert stats["mixed_steps"] >= 3  # each newcomer's prompt rode along with the runner's tokens
+        assert stats["prefill_token_ms"] > 0 and 8 <= stats["last_chunk"] <= 512
+    finally:
+        svc.close()

@@ -6,10 +6,11 @@ server does not need per token: the generic forward's argument handling, mask co
 output objects and cache bookkeeping. Two shapes of pass:
 
 - `decode(tokens, states)`: one new token for each of B sequences. The projections and the MLP
-  see a (B, 1, hidden) batch, so the weights are streamed from memory once for all B; attention
+  see the B rows as one matrix, so the weights are streamed from memory once for all B; attention
   runs per sequence over its own cache (`kv.SeqKV`), since each has its own length.
 - `prefill(state, ids, embeds, ...)`: a chunk of one sequence's prompt, with the image features
   scattered into its embeddings and the deepstack features added after the first layers.
+- `step(tokens, states, chunk)`: both in one pass, a prompt's chunk beside the running tokens.
 
 At batch 1 the operations are the generic forward's, in its order, on the same shapes: the
 logits are the same bits (tests/engine compare them).
@@ -56,45 +57,72 @@ class LeanLM:
         return SeqKV(len(self.layers), self.kv_heads, self.head_dim, self.dtype, capacity)
 
     # ----------------------------------------------------------------- passes
-    @torch.inference_mode()
     def decode(self, tokens: list[int], kvs: list[SeqKV], pos: list[SeqPos]) -> torch.Tensor:
         """One token for each sequence; returns float32 logits (B, vocab). Advances caches and
         positions."""
+        return self.step(tokens, kvs, pos)[0]
+
+    def prefill(self, kv: SeqKV, embeds: torch.Tensor, positions: torch.Tensor, visual_mask=None,
+                deepstack=None, logits: bool = True):
+        """A chunk of one sequence's prompt (see `Chunk`); returns the next token's float32 logits
+        (vocab,) when `logits`."""
+        return self.step([], [], [], Chunk(kv, embeds, positions, visual_mask, deepstack, logits))[1]
+
+    @torch.inference_mode()
+    def step(self, tokens: list[int], kvs: list[SeqKV], pos: list[SeqPos], chunk: "Chunk | None" = None):
+        """One forward pass: a new token for each of B decoding sequences and, with `chunk`, a piece
+        of another sequence's prompt, in one pass, so the weights are streamed once for both (vLLM's
+        chunked prefill: a prompt's chunk rides along with the running streams' tokens). Returns
+        (float32 logits (B, vocab) or None when B = 0, the chunk's next-token logits (vocab,) or
+        None). Advances caches and positions.
+
+        All rows go through the projections and the MLP as one (1, B + L, hidden) matrix; attention
+        runs per sequence over its own cache. At batch 1 the shapes are the generic forward's."""
         b = len(tokens)
-        hidden = self.embed(torch.tensor(tokens, dtype=torch.long).view(b, 1))
-        p = torch.tensor([[s.next_pos + s.delta] for s in pos], dtype=torch.long)  # (B, 1)
-        cos, sin = self.rotary(hidden, p.unsqueeze(0).expand(3, b, 1))
-        for kv in kvs:
-            kv.reserve(kv.length + 1)
-        hidden = self._layers(hidden, cos, sin, kvs, [None] * b)
+        parts, positions, segments = [], [], []
+        if b:
+            parts.append(self.embed(torch.tensor(tokens, dtype=torch.long).view(1, b)))
+            positions.append(torch.tensor([s.next_pos + s.delta for s in pos], dtype=torch.long).view(1, 1, b)
+                             .expand(3, 1, b))
+            for j, kv in enumerate(kvs):
+                kv.reserve(kv.length + 1)
+                segments.append((kv, j, j + 1, None))
+        n = 0
+        visual_mask = None
+        if chunk is not None:
+            n = chunk.embeds.shape[1]
+            past = chunk.kv.length
+            chunk.kv.reserve(past + n)
+            parts.append(chunk.embeds)
+            positions.append(chunk.positions)
+            mask = None
+            if past and n > 1:  # causal over the cached positions and the chunk (bool: True = attend)
+                mask = (torch.arange(n)[:, None] + past >= torch.arange(past + n)[None, :]).view(1, 1, n, past + n)
+            segments.append((chunk.kv, b, b + n, mask))
+            if chunk.visual_mask is not None:
+                visual_mask = chunk.visual_mask if not b else torch.cat(
+                    [torch.zeros(1, b, dtype=torch.bool), chunk.visual_mask], dim=1)
+        hidden = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        p = positions[0] if len(positions) == 1 else torch.cat(positions, dim=2)
+        cos, sin = self.rotary(hidden, p)
+        hidden = self._layers(hidden, cos, sin, segments, visual_mask, chunk.deepstack if chunk is not None else None)
         for kv, s in zip(kvs, pos):
             kv.advance(1)
             s.next_pos += 1
-        return self.lm_head(self.norm(hidden)[:, -1]).float()
+        if chunk is not None:
+            chunk.kv.advance(n)
+        rows = list(range(b)) + ([b + n - 1] if chunk is not None and chunk.logits else [])
+        if not rows:
+            return None, None
+        picked = hidden[:, -1:] if rows == [b + n - 1] and b == 0 else hidden[:, rows]
+        logits = self.lm_head(self.norm(picked)[0]).float()
+        return (logits[:b] if b else None), (logits[b] if len(rows) > b else None)
 
-    @torch.inference_mode()
-    def prefill(self, kv: SeqKV, embeds: torch.Tensor, positions: torch.Tensor, visual_mask=None,
-                deepstack=None, logits: bool = True):
-        """A chunk of one sequence: `embeds` (1, L, hidden) with image features already in place,
-        `positions` (3, 1, L) M-RoPE positions, `visual_mask` (1, L) bool where the image tokens
-        are and `deepstack` their per-layer features. Returns the next token's float32 logits
-        (vocab,) when `logits`."""
-        n = embeds.shape[1]
-        past = kv.length
-        kv.reserve(past + n)
-        cos, sin = self.rotary(embeds, positions)
-        mask = None
-        if past and n > 1:  # causal over the cached positions and the chunk (bool: True = attend)
-            mask = (torch.arange(n)[:, None] + past >= torch.arange(past + n)[None, :]).view(1, 1, n, past + n)
-        hidden = self._layers(embeds, cos, sin, [kv], [mask], visual_mask, deepstack)
-        kv.advance(n)
-        if not logits:
-            return None
-        return self.lm_head(self.norm(hidden[:, -1:])[:, -1]).float()[0]
-
-    def _layers(self, hidden, cos, sin, kvs, masks, visual_mask=None, deepstack=None):
-        b, n = hidden.shape[0], hidden.shape[1]
-        shape = (b, n, -1, self.head_dim)
+    def _layers(self, hidden, cos, sin, segments, visual_mask=None, deepstack=None):
+        """`hidden` (1, N, hidden); `segments` [(kv, start, end, mask)]: which rows belong to which
+        sequence's cache."""
+        n = hidden.shape[1]
+        shape = (1, n, -1, self.head_dim)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             residual = hidden
@@ -109,13 +137,13 @@ class LeanLM:
             v = v_.reshape(shape).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             outs = []
-            for j, kv in enumerate(kvs):
-                keys, values = kv.write(i, k[j], v[j])
-                o, _ = sdpa_attention_forward(attn, q[j:j + 1], keys.unsqueeze(0), values.unsqueeze(0), masks[j],
+            for kv, a, e, mask in segments:
+                keys, values = kv.write(i, k[0, :, a:e], v[0, :, a:e])
+                o, _ = sdpa_attention_forward(attn, q[:, :, a:e], keys.unsqueeze(0), values.unsqueeze(0), mask,
                                               dropout=0.0, scaling=attn.scaling)
                 outs.append(o)
-            o = outs[0] if b == 1 else torch.cat(outs)
-            hidden = residual + attn.o_proj(o.reshape(b, n, -1).contiguous())
+            o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+            hidden = residual + attn.o_proj(o.reshape(1, n, -1).contiguous())
             residual = hidden
             h = layer.post_attention_layernorm(hidden)
             if gate_up is None:
@@ -127,6 +155,21 @@ class LeanLM:
             if deepstack is not None and i < len(deepstack) and deepstack[i] is not None:
                 hidden = self.text._deepstack_process(hidden, visual_mask, deepstack[i])
         return hidden
+
+
+@dataclass
+class Chunk:
+    """A piece of one sequence's prompt for a forward pass: `embeds` (1, L, hidden) with image
+    features already in place, `positions` (3, 1, L) M-RoPE positions, `visual_mask` (1, L) bool
+    where the image tokens are and `deepstack` their per-layer features; `logits`: return the next
+    token's logits (the prompt's last chunk)."""
+
+    kv: SeqKV
+    embeds: torch.Tensor
+    positions: torch.Tensor
+    visual_mask: torch.Tensor | None = None
+    deepstack: list | None = None
+    logits: bool = True
 
 
 def _fused(parent, *names):

@@ -10,11 +10,14 @@ sequences costs little more than one step over one. The scheduler therefore keep
    thread (feature cache, else ONNX Runtime), so the running streams keep decoding while a new
    photo is encoded; requests that waited past `VL_QUEUE_TIMEOUT_S` or were cancelled leave the
    queue with their error;
-2. prefill: one chunk of at most `VL_PREFILL_CHUNK` prompt tokens of the oldest request still
-   prefilling, so the streams already answering keep getting tokens while a new photo is read;
-3. decode: one forward pass over every sequence that is answering; each samples with its own
-   parameters, seed and stop strings, and leaves the batch the moment it finishes or is
-   cancelled, freeing its slot.
+2. step: one forward pass over every sequence that is answering and, when a request is still
+   prefilling, a chunk of its prompt in the same pass (the weights are streamed once for both:
+   chunked prefill). While streams are answering the chunk is sized so that the pass costs
+   about `GAP_STEPS` decode steps (measured as the server runs; `VL_PREFILL_CHUNK` fixes it
+   instead), so a new photo slows the running streams down but never stalls them; with nobody
+   answering, a prompt goes through in chunks of up to `ALONE_CHUNK` tokens. Each sequence samples
+   with its own parameters, seed and stop strings, and leaves the batch the moment it finishes or
+   is cancelled, freeing its slot.
 
 `VL_MAX_BATCH=1` gives one request at a time. Nothing here knows HTTP; callers see events on
 their `Generation`'s queue.
@@ -36,7 +39,7 @@ import numpy as np
 
 from ..errors import APIError, Cancelled, EngineError, NotReady, QueueTimeout
 from .heap import malloc_trim
-from .lm import SeqPos
+from .lm import Chunk, SeqPos
 from .sampling import Sampler
 from .textstream import TextStream
 from .types import PRIORITIES, Event
@@ -49,6 +52,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _live: weakref.WeakSet = weakref.WeakSet()
+
+GAP_STEPS = 3  # a pass carrying a prompt's chunk costs about this many decode steps (auto chunk size)
+ALONE_CHUNK = 512  # prompt tokens per pass when no stream is waiting for its next token
+MIN_CHUNK = 8
 
 
 @atexit.register
@@ -100,7 +107,10 @@ class Scheduler:
         self.service = service
         self.lean = service.lean
         self.max_batch = max(1, max_batch)
-        self.prefill_chunk = max(1, prefill_chunk)
+        self.prefill_chunk = max(0, prefill_chunk)  # 0: sized by time (`_chunk_len`)
+        self._token_s: float | None = None  # a prompt token's share of a pass, seconds (running mean)
+        self.last_chunk = 0  # prompt tokens in the last pass that carried some
+        self.mixed_steps = 0  # decode steps that carried a prompt's chunk too
         self.queue_timeout_s = queue_timeout_s
         self._cond = threading.Condition()
         self._waiting: list = []  # heap of (priority, arrival, gen)
@@ -156,7 +166,9 @@ class Scheduler:
 
     def stats(self) -> dict:
         return {"running": len(self.running), "waiting": len(self._waiting), "slots": self.max_batch,
-                "prefill_chunk": self.prefill_chunk, "steps": self.steps, "last_batch": self.last_batch,
+                "prefill_chunk": self.prefill_chunk, "last_chunk": self.last_chunk, "mixed_steps": self.mixed_steps,
+                "prefill_token_ms": round(self._token_s * 1e3, 3) if self._token_s is not None else None,
+                "steps": self.steps, "last_batch": self.last_batch,
                 "batch_sizes": dict(sorted(self.batch_hist.items())),
                 "step_ms": self.step_ms(),
                 "kv_bytes": sum(s.kv.nbytes for s in list(self.running) if s.kv is not None)}
@@ -244,11 +256,9 @@ class Scheduler:
                 self._drop(seq, exc)
         self._share_cores()
         prefilling = [s for s in self.running if s.inputs is not None and not s.decoding]
-        if prefilling:
-            self._prefill_chunk(prefilling[0])
         decoding = [s for s in self.running if s.decoding]
-        if decoding:
-            self._decode_step(decoding)
+        if decoding or prefilling:
+            self._step(decoding, prefilling[0] if prefilling else None)
 
     def _share_cores(self) -> None:
         """One PyTorch thread while an image is encoded beside the model's steps, all of them
@@ -317,39 +327,97 @@ class Scheduler:
         else:
             seq.inputs = inputs
 
-    # ----------------------------------------------------------------- prefill
-    def _prefill_chunk(self, seq: Sequence) -> None:
-        self._last_start = None  # the next decode step's cycle includes this chunk
+    # ----------------------------------------------------------------- one pass
+    def _chunk_len(self, decoding: int) -> int:
+        """Prompt tokens for this pass. Alone: `ALONE_CHUNK`. Beside `decoding` streams: the fixed
+        `VL_PREFILL_CHUNK`, else as many as fit in `GAP_STEPS` decode steps, by the decode step's
+        measured time at this batch size and a prompt token's measured share of a pass."""
+        if not decoding:
+            return max(ALONE_CHUNK, self.prefill_chunk)
+        if self.prefill_chunk:
+            return self.prefill_chunk
+        step_s = self._step_s(decoding)
+        if step_s is None or self._token_s is None:
+            return 32  # until both are measured
+        return int(min(ALONE_CHUNK, max(MIN_CHUNK, (GAP_STEPS - 1) * step_s / self._token_s)))
+
+    def _step_s(self, batch: int) -> float | None:
+        """Mean forward time of a decode-only step at `batch` (or the nearest measured size)."""
+        if not self.step_times:
+            return None
+        size = min(self.step_times, key=lambda k: (abs(k - batch), k))
+        n, forward = self.step_times[size][0], self.step_times[size][1]
+        return forward / n if n else None
+
+    def _chunk(self, seq: Sequence, length: int):
+        """The next `length` prompt tokens of `seq` (fewer at the end) as a `Chunk`."""
+        assert seq.inputs is not None, "a sequence prefills between `_setup` and its last chunk"
+        embeds, positions, visual, deepstack = seq.inputs
+        a = seq.cursor - seq.start
+        b = min(len(seq.prompt) - seq.start, a + length)
+        mask = chunk_ds = None
+        if visual is not None:
+            assert deepstack is not None, "the decoder gives the image mask and deepstack together"
+            mask = visual[:, a:b]
+            before, inside = int(visual[:, :a].sum()), int(mask.sum())
+            if inside:
+                chunk_ds = [d[before:before + inside] for d in deepstack]
+            else:
+                mask = None
+        return Chunk(seq.kv, embeds[:, a:b], positions[:, :, a:b], mask, chunk_ds, logits=seq.start + b == len(seq.prompt))
+
+    def _step(self, batch: list, seq: Sequence | None) -> None:
+        """One forward pass: a token for every sequence in `batch` and, with `seq`, its prompt's
+        next chunk."""
         t0 = time.perf_counter()
+        if seq is None and self._last_start is not None:
+            times = self.step_times.setdefault(self._last_start[1], [0, 0.0, 0.0, 0, 0.0])
+            times[3] += 1
+            times[4] += t0 - self._last_start[0]
+        # a cycle is a decode-only step to the next; a pass with a chunk is no such cycle
+        self._last_start = (t0, len(batch)) if seq is None else None
+        chunk = None
         try:
-            assert seq.inputs is not None, "a sequence prefills between `_setup` and its last chunk"
-            embeds, positions, visual, deepstack = seq.inputs
-            a = seq.cursor - seq.start
-            b = min(len(seq.prompt) - seq.start, a + self.prefill_chunk)
-            mask = chunk_ds = None
-            if visual is not None:
-                assert deepstack is not None, "the decoder gives the image mask and deepstack together"
-                mask = visual[:, a:b]
-                before, inside = int(visual[:, :a].sum()), int(mask.sum())
-                if inside:
-                    chunk_ds = [d[before:before + inside] for d in deepstack]
-                else:
-                    mask = None
-            last = seq.start + b == len(seq.prompt)
-            logits = self.lean.prefill(seq.kv, embeds[:, a:b], positions[:, :, a:b], mask, chunk_ds, logits=last)
-            seq.cursor = seq.start + b
+            if seq is not None:
+                chunk = self._chunk(seq, self._chunk_len(len(batch)))
+            if seq is None:
+                logits, last = self.lean.decode([s.pending for s in batch], [s.kv for s in batch],
+                                                [s.pos for s in batch]), None
+            else:
+                logits, last = self.lean.step([s.pending for s in batch], [s.kv for s in batch],
+                                              [s.pos for s in batch], chunk)
+        except Exception as exc:
+            log.exception("a pass failed for %d sequences%s", len(batch), " and a prompt chunk" if seq else "")
+            for s in batch + ([seq] if seq is not None else []):
+                self._drop(s, exc)
+            return
+        t1 = time.perf_counter()
+        if seq is not None:
+            self._chunk_done(seq, chunk, last, t1 - t0, len(batch))
+        if batch:
+            self._sample(batch, logits, t0, t1)
+
+    def _chunk_done(self, seq: Sequence, chunk, logits, spent: float, beside: int) -> None:
+        n = self.last_chunk = chunk.embeds.shape[1]
+        # what the chunk's tokens added to a pass that would have cost a decode step without them
+        # (alone too: a pass streams the weights whatever it carries)
+        step_s = self._step_s(max(beside, 1))
+        if step_s is not None and n >= MIN_CHUNK:
+            share = max(spent - step_s, 0.0) / n
+            self._token_s = share if self._token_s is None else 0.8 * self._token_s + 0.2 * share
+        seq.cursor += n
+        seq.prefill_s += spent
+        # the others waited for what the chunk added to their step
+        self._charge_others(seq, max(spent - step_s, 0.0) if beside and step_s is not None else spent)
+        try:
             if seq.gen.cancelled.is_set():
                 raise Cancelled("the request was cancelled")
-            spent = time.perf_counter() - t0
-            seq.prefill_s += spent
-            if last:
+            if chunk.logits:
                 seq.inputs = None
                 seq.prompt_logits = logits
                 self._first_token(seq, logits)
         except Exception as exc:
             self._drop(seq, exc)
-            spent = time.perf_counter() - t0
-        self._charge_others(seq, spent)
 
     def _charge_others(self, seq: Sequence, seconds: float) -> None:
         """Running requests waited `seconds` for `seq`'s encode or prefill."""
@@ -367,21 +435,7 @@ class Scheduler:
         self._accept(seq, token)
 
     # ----------------------------------------------------------------- decode
-    def _decode_step(self, batch: list) -> None:
-        t0 = time.perf_counter()
-        if self._last_start is not None:
-            times = self.step_times.setdefault(self._last_start[1], [0, 0.0, 0.0, 0, 0.0])
-            times[3] += 1
-            times[4] += t0 - self._last_start[0]
-        self._last_start = (t0, len(batch))
-        try:
-            logits = self.lean.decode([s.pending for s in batch], [s.kv for s in batch], [s.pos for s in batch])
-        except Exception as exc:
-            log.exception("decode step failed for %d sequences", len(batch))
-            for s in batch:
-                self._drop(s, exc)
-            return
-        t1 = time.perf_counter()
+    def _sample(self, batch: list, logits, t0: float, t1: float) -> None:
         self.steps += 1
         self.last_batch = len(batch)
         self.batch_hist[len(batch)] = self.batch_hist.get(len(batch), 0) + 1
@@ -395,10 +449,13 @@ class Scheduler:
                 self._accept(s, token)
             except Exception as exc:
                 self._drop(s, exc)
-        times = self.step_times.setdefault(len(batch), [0, 0.0, 0.0, 0, 0.0])
-        times[0] += 1
-        times[1] += t1 - t0
-        times[2] += time.perf_counter() - t0
+        if self._last_start is None:
+            self.mixed_steps += 1
+        else:  # decode-only steps: the step times by batch size
+            times = self.step_times.setdefault(len(batch), [0, 0.0, 0.0, 0, 0.0])
+            times[0] += 1
+            times[1] += t1 - t0
+            times[2] += time.perf_counter() - t0
 
     def _accept(self, seq: Sequence, token: int) -> None:
         """A sampled token: the end, or text out and the next step."""
