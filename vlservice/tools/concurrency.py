@@ -102,8 +102,9 @@ def sse_chunks(response):
         yield chunk
 
 
-def stream(url: str, image: bytes, prompt: str, tokens: int, t0: float) -> dict:
-    """One streaming request; token arrival times relative to `t0`."""
+def stream(url: str, image: bytes, prompt: str, tokens: int, t0: float, answering=None) -> dict:
+    """One streaming request; token arrival times relative to `t0`. `answering` (a semaphore, if
+    given) is released at the first token."""
     import base64
 
     import requests
@@ -121,6 +122,8 @@ def stream(url: str, image: bytes, prompt: str, tokens: int, t0: float) -> dict:
         for chunk in sse_chunks(r):
             if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
                 stamps.append(time.perf_counter() - t0)
+                if answering is not None and len(stamps) == 1:
+                    answering.release()
             timings = chunk.get("timings") or timings
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
     return {"start": start, "first": stamps[0] if stamps else None, "stamps": stamps,
@@ -256,13 +259,18 @@ def scenarios(url: str, photo, doc_size, args) -> dict:
     t0 = time.perf_counter()
     results: dict = {}
 
+    answering = threading.Semaphore(0)
+
     def runner(i):
-        results[i] = stream(url, photo(), "Describe this image.", args.tokens * 2, t0)
+        results[i] = stream(url, photo(), "Describe this image.", args.tokens * 2, t0, answering)
 
     threads = [threading.Thread(target=runner, args=(i,)) for i in range(3)]
     for t in threads:
         t.start()
-    time.sleep(3 * lone["ttft_s"] + 1.0)  # the three have started answering
+    for _ in threads:  # the newcomer arrives once all three are answering
+        if not answering.acquire(timeout=600):
+            raise RuntimeError("three streams did not start answering within 600 s")
+    time.sleep(0.5)
     newcomer = stream(url, photo(), "Describe this image.", 8, t0)
     for t in threads:
         t.join()
