@@ -79,7 +79,9 @@ class LeanLM:
         All rows go through the projections and the MLP as one (1, B + L, hidden) matrix; attention
         runs per sequence over its own cache. At batch 1 the shapes are the generic forward's."""
         b = len(tokens)
-        parts, positions, segments = [], [], []
+        parts: list[torch.Tensor] = []
+        positions: list[torch.Tensor] = []
+        segments: list[tuple[SeqKV, int, int, torch.Tensor | None]] = []
         if b:
             parts.append(self.embed(torch.tensor(tokens, dtype=torch.long).view(1, b)))
             positions.append(torch.tensor([s.next_pos + s.delta for s in pos], dtype=torch.long).view(1, 1, b)

@@ -351,7 +351,7 @@ class Scheduler:
 
     def _chunk(self, seq: Sequence, length: int):
         """The next `length` prompt tokens of `seq` (fewer at the end) as a `Chunk`."""
-        assert seq.inputs is not None, "a sequence prefills between `_setup` and its last chunk"
+        assert seq.inputs is not None and seq.kv is not None, "a sequence prefills between `_setup` and its last chunk"
         embeds, positions, visual, deepstack = seq.inputs
         a = seq.cursor - seq.start
         b = min(len(seq.prompt) - seq.start, a + length)
