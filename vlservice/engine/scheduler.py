@@ -339,6 +339,8 @@ class Scheduler:
         step_s = self._step_s(decoding)
         if step_s is None or self._token_s is None:
             return 32  # until both are measured
+        if self._token_s <= 0.0:  # prompt tokens measured as free beside a step (a tiny model)
+            return ALONE_CHUNK
         return int(min(ALONE_CHUNK, max(MIN_CHUNK, (GAP_STEPS - 1) * step_s / self._token_s)))
 
     def _step_s(self, batch: int) -> float | None:
