@@ -40,3 +40,36 @@ def test_no_server_is_a_connection_failure():
     with pytest.raises(ConnectionFailed, match="ConnectionError"):
         http.get_json("/api/stats")
     http.close()
+
+
+def test_a_get_whose_connection_the_server_dropped_is_sent_again():
+    """A kept-alive connection the server closes as a request goes out fails without the server
+    seeing it; the soak's GETs (stats samples) are sent once more instead of counted as failures."""
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(2)
+    port = listener.getsockname()[1]
+    seen = []
+
+    def serve():
+        for n in range(2):
+            conn, _ = listener.accept()
+            with conn:
+                seen.append(conn.recv(65536).split(b"\r\n", 1)[0])
+                if n == 1:  # the first connection is closed unanswered
+                    body = b'{"ok": true}'
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    http = Http(f"http://127.0.0.1:{port}")
+    try:
+        assert http.get_json("/api/stats") == {"ok": True}
+    finally:
+        http.close()
+        t.join(5)
+        listener.close()
+    assert seen == [b"GET /api/stats HTTP/1.1"] * 2

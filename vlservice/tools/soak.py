@@ -86,7 +86,14 @@ class Http:
             raise ConnectionFailed(f"{type(exc).__name__}: {exc}") from None
 
     def get_json(self, path: str, timeout: float = 10.0) -> dict:
-        r = self.request("GET", path, timeout=timeout)
+        """GET a JSON answer. Tried twice: a kept-alive connection the server closed just as the
+        request went out (its keep-alive timeout) fails without the server ever seeing it, and a GET
+        is safe to send again."""
+        try:
+            r = self.request("GET", path, timeout=timeout)
+        except ConnectionFailed:
+            time.sleep(0.2)
+            r = self.request("GET", path, timeout=timeout)
         if r.status_code != 200:
             raise ConnectionFailed(f"GET {path}: HTTP {r.status_code}: {r.content[:200]!r}")
         return json.loads(r.content)
@@ -397,17 +404,20 @@ class Soak:
         self.stop = threading.Event()
         self.samples: list = []  # (t_s since start, stats dict)
         self.stats_errors = 0
+        self.stats_error = ""  # the last failed sample's reason, for the report
         self.http = Http(self.url, self.api_key, self.timeout)
+        self.sampler_http = Http(self.url, self.api_key, self.timeout)  # its own: a Session is one thread's
         self.cap = 1024
         self.cancel_tokens = 64
         self.deadline = 0.0
         self.t0 = 0.0
 
-    def sample(self) -> dict | None:
+    def sample(self, http: Http | None = None) -> dict | None:
         try:
-            s = self.http.get_json("/api/stats")
-        except Exception:
+            s = (http or self.http).get_json("/api/stats")
+        except Exception as exc:
             self.stats_errors += 1
+            self.stats_error = f"{type(exc).__name__}: {exc}"[:300]
             return None
         self.samples.append((time.monotonic() - self.t0, s))
         return s
@@ -416,7 +426,7 @@ class Soak:
         while not self.stop.wait(self.sample_every):
             if time.monotonic() >= self.deadline:
                 return
-            self.sample()
+            self.sample(self.sampler_http)
 
     def drain(self, before: dict, limit_s: float = 60.0) -> dict | None:
         """Wait until the server has nothing queued or running and every request it accepted since
@@ -452,7 +462,8 @@ class Soak:
             c.join(max(0.0, self.deadline - time.monotonic()) + self.timeout + 15)
         hung = sum(c.is_alive() for c in clients)
         self.stop.set()
-        sampler.join(5)
+        sampler.join(15)  # longer than one sample's timeout
+        self.sampler_http.close()
         elapsed = time.monotonic() - self.t0
         after = self.drain(before)
         healthy = True
@@ -520,7 +531,7 @@ class Soak:
         if not healthy:
             reasons.append("/healthz did not answer after the run")
         if self.stats_errors:
-            reasons.append(f"{self.stats_errors} /api/stats sample(s) failed")
+            reasons.append(f"{self.stats_errors} /api/stats sample(s) failed (last: {self.stats_error})")
         if judged and slope is not None and slope >= self.max_slope:
             reasons.append(f"RSS grows {slope:.2f} MB/min after the first minute (threshold {self.max_slope})")
         if not outcomes:
