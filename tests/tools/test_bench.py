@@ -153,3 +153,27 @@ def test_bench_replicas_quick_measures_affinity_and_redis_through_nginx(tmp_path
     assert report["configs"]["redis"]["second_question_other"]["vision_encode_ms"] == 0
     md = (out / "replicas.md").read_text()
     assert report["cpu"]["model"] in md and md.count("| yes |") == 4 and md.count("| no |") == 4
+
+
+def test_bench_video_quick_times_each_stage_at_two_budgets(tmp_path, cache_dir):
+    """`bench --video`: a drawn 10-second clip through the service at the default per-frame budget
+    and at 224 x 224 px: 20 frames sampled at 2 fps either way, fewer video tokens at the lower
+    budget, every stage timed, the CPU named."""
+    out = tmp_path / "video"
+    env = {**os.environ, "VL_CACHE_DIR": str(cache_dir), "VL_THREADS": "2", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "vlservice", "bench", "--video", "--quick", "--runs", "1",
+                           "--tokens", "4", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "video.json").read_text())
+    assert report["cpu"]["model"] and report["clip"]["seconds"] == 10 and report["clip"]["bytes"] > 0
+    auto, low = report["budgets"]["auto"], report["budgets"]["low"]
+    assert auto["video_frames"] == low["video_frames"] == 20
+    assert low["frame_pixels"] == 224 * 224 < auto["frame_pixels"]
+    assert 0 < low["video_tokens"] < auto["video_tokens"] < auto["prompt_tokens"]
+    for row in (auto, low):
+        assert all(row[k] > 0 for k in ("video_decode_ms", "video_preprocess_ms", "vision_encode_ms", "prompt_ms",
+                                        "decode_tps"))
+        assert row["ttft_ms"] >= row["vision_encode_ms"]
+    md = (out / "video.md").read_text()
+    assert report["cpu"]["model"] in md and "| 20 | 2,200 |" in md and "224 x 224 (50,176 px)" in md

@@ -466,6 +466,10 @@ def main(argv=None) -> int:
         from . import concurrency  # several clients at once, through the real server
 
         return concurrency.main(argv)
+    if "--video" in argv:
+        from . import videobench  # one clip, stage by stage, at two per-frame budgets
+
+        return videobench.main([a for a in argv if a != "--video"])
     if "--replicas" in argv:
         from . import replicas  # two replicas behind nginx, with and without Redis
 
@@ -487,6 +491,9 @@ def main(argv=None) -> int:
     ap.add_argument("--replicas", action="store_true",
                     help="only two replicas behind nginx, with and without Redis: what affinity and the shared tier "
                          "save (replicas.md/json in --out; see python -m vlservice.tools.replicas --help)")
+    ap.add_argument("--video", action="store_true",
+                    help="only a 10-second clip through the service at two per-frame budgets: decode, sampling, "
+                         "encode, prefill (video.md/json in --out; see python -m vlservice.tools.videobench --help)")
     ap.add_argument("--levers", action="store_true",
                     help="only the system settings (allocators, threads, affinity, grayscale): levers.md/json in --out")
     args = ap.parse_args(argv)
