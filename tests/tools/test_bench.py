@@ -177,3 +177,25 @@ def test_bench_video_quick_times_each_stage_at_two_budgets(tmp_path, cache_dir):
         assert row["ttft_ms"] >= row["vision_encode_ms"]
     md = (out / "video.md").read_text()
     assert report["cpu"]["model"] in md and "| 20 | 2,200 |" in md and "224 x 224 (50,176 px)" in md
+
+
+def test_bench_lowbit_quick_times_every_weight_kernel_beside_the_shipped_one(tmp_path, cache_dir):
+    """`bench --lowbit`: one decode step's products in each 8- and 4-bit format available here,
+    the shipped row-scaled INT8 first and measured; a kernel this machine lacks is reported, not
+    fatal; the CPU named."""
+    from vlservice.tools.lowbit import CANDIDATES
+
+    out = tmp_path / "lowbit"
+    env = {**os.environ, "VL_CACHE_DIR": str(cache_dir), "VL_THREADS": "2"}
+    proc = subprocess.run([sys.executable, "-m", "vlservice", "bench", "--lowbit", "--quick", "--reps", "2",
+                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "lowbit.json").read_text())
+    assert list(report["steps"]) == list(CANDIDATES) and report["products"] == 4 * report["layers"] + 1
+    shipped = report["steps"]["fbgemm int8, row-scaled (shipped)"]
+    assert shipped["1"] > 0 and shipped["4"] > 0
+    assert report["steps"]["ORT MatMulNBits 4-bit"]["1"] > 0  # onnxruntime is a core package
+    for row in report["steps"].values():
+        assert "error" in row or (row["1"] > 0 and row["4"] > 0)
+    md = (out / "lowbit.md").read_text()
+    assert report["cpu"]["model"] in md and md.count("\n| ") == len(CANDIDATES) + 1

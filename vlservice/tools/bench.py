@@ -466,6 +466,10 @@ def main(argv=None) -> int:
         from . import concurrency  # several clients at once, through the real server
 
         return concurrency.main(argv)
+    if "--lowbit" in argv:
+        from . import lowbit  # the LLM's weight kernels at 8 and 4 bits, side by side
+
+        return lowbit.main([a for a in argv if a != "--lowbit"])
     if "--video" in argv:
         from . import videobench  # one clip, stage by stage, at two per-frame budgets
 
@@ -491,6 +495,9 @@ def main(argv=None) -> int:
     ap.add_argument("--replicas", action="store_true",
                     help="only two replicas behind nginx, with and without Redis: what affinity and the shared tier "
                          "save (replicas.md/json in --out; see python -m vlservice.tools.replicas --help)")
+    ap.add_argument("--lowbit", action="store_true",
+                    help="only one decode step's weight products at 8 and 4 bits, every kernel available here "
+                         "(lowbit.md/json in --out; see python -m vlservice.tools.lowbit --help)")
     ap.add_argument("--video", action="store_true",
                     help="only a 10-second clip through the service at two per-frame budgets: decode, sampling, "
                          "encode, prefill (video.md/json in --out; see python -m vlservice.tools.videobench --help)")
