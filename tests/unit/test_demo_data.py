@@ -259,7 +259,7 @@ def test_label_maps_mark_what_is_drawn(samples):
 
 def test_token_targets_follow_the_encoder_token_order():
     from vlservice.engine import images as I
-    from vlservice.demo.train import token_targets
+    from vlservice.demo.train import POSITION_TARGETS, token_targets
 
     spec = I.ImageSpec()
     rng = np.random.default_rng(3)
@@ -267,9 +267,12 @@ def test_token_targets_follow_the_encoder_token_order():
         s = make_sample(rng, task="color")
         p = I.prepare(s.image, spec)
         t = token_targets(s, p.size, spec.patch_size * spec.merge_size)
-        assert t.shape == (p.num_tokens, sum(LABEL_CLASSES))
-        np.testing.assert_allclose(t.sum(axis=1), len(LABEL_CLASSES), rtol=1e-5)
-        gw = p.grid_thw[2] // 2
+        assert t.shape == (p.num_tokens, sum(LABEL_CLASSES) + POSITION_TARGETS)
+        np.testing.assert_allclose(t[:, :-POSITION_TARGETS].sum(axis=1), len(LABEL_CLASSES), rtol=1e-5)
+        gw, gh = p.grid_thw[2] // 2, p.grid_thw[1] // 2
+        # the last columns: each token's centre, relative to the image, in raster order
+        np.testing.assert_allclose(t[:, -2], np.tile((np.arange(gw) + 0.5) / gw, gh), rtol=1e-6)
+        np.testing.assert_allclose(t[:, -1], np.repeat((np.arange(gh) + 0.5) / gh, gw), rtol=1e-6)
         sy, sx = p.size[0] / s.image.shape[0], p.size[1] / s.image.shape[1]
         for shape, _color, cx, cy, _size in s.objects:
             row, col = int(cy * sy) // 32, int(cx * sx) // 32

@@ -7,10 +7,10 @@ training and serving see identical pixels), and saves a normal checkpoint (safet
 tokenizer, chat template, preprocessor config) that the server loads like the real model.
 Two training aids speed it up (README: The bundled demo model): a per-token loss on the vision
 encoder's output (a linear probe, not saved, predicts the shape, colour and character under each
-token from `data.label_maps`), and follow-up questions about the same image packed as later chat
-turns. `--init` continues a checkpoint (adopting a grown vocabulary: rows of tokens it knew are
-kept, new tokens start as the mean of the pieces the old vocabulary spelled them with), `--focus`
-draws half the samples from the weak tasks, `--mix varied` draws most pictures from
+token from `data.label_maps`, and where the token lies in the image), and follow-up questions about
+the same image packed as later chat turns. `--init` continues a checkpoint (adopting a grown
+vocabulary: rows of tokens it knew are kept, new tokens start as the mean of the pieces the old
+vocabulary spelled them with), `--focus` draws half the samples from the weak tasks, `--mix varied` draws most pictures from
 `vlservice.demo.render`'s many styles with questions in many phrasings (`--mix classic`: the first
 recipe's generator and presets only).
 A loss curve is written as a PNG beside it. Same seed, same data, same initial weights.
@@ -119,11 +119,17 @@ def _spelled(token: str, vocab: dict[str, int]) -> list[int]:
     return ids
 
 
+POSITION_TARGETS = 2  # per token: its centre's column and row, relative to the image (0-1)
+
+
 def token_targets(sample, size: tuple[int, int], block: int) -> np.ndarray:
-    """What lies under each vision output token: per-class pixel shares of the three label maps.
+    """What lies under each vision output token, and where the token is: per-class pixel shares of
+    the three label maps, then the token centre's column and row relative to the image (0-1).
 
     ``size`` is the resized (h, w) the serving path feeds the encoder and ``block`` the pixels a
-    merged token covers (patch_size * merge_size); rows follow the encoder's token order.
+    merged token covers (patch_size * merge_size); rows follow the encoder's token order. The
+    position columns ask the encoder to say where each token lies in a form the language model can
+    read out: grounding answers are coordinates relative to the image.
     """
     import cv2
 
@@ -133,16 +139,20 @@ def token_targets(sample, size: tuple[int, int], block: int) -> np.ndarray:
     maps = cv2.resize(label_maps(sample), (w, h), interpolation=cv2.INTER_NEAREST)
     rows, cols = np.arange(h) // block, np.arange(w) // block
     token = (rows[:, None] * (w // block) + cols[None, :]).ravel()  # raster order of merged tokens
-    n = (h // block) * (w // block)
+    gh, gw = h // block, w // block
+    n = gh * gw
     parts = []
     for channel, classes in enumerate(LABEL_CLASSES):
         counts = np.bincount(token * classes + maps[..., channel].ravel(), minlength=n * classes)
         parts.append(counts.reshape(n, classes).astype(np.float32) / (block * block))
+    r, c = np.divmod(np.arange(n), gw)
+    parts.append(np.stack([(c + 0.5) / gw, (r + 0.5) / gh], axis=1).astype(np.float32))
     return np.concatenate(parts, axis=1)
 
 
 def aux_loss(logits, targets):
-    """Soft cross-entropy per label map, averaged over tokens and maps."""
+    """Soft cross-entropy per label map and the squared error of the position (x 10, so it weighs
+    about as much as a label map), averaged over tokens and terms."""
     import torch
 
     from .data import LABEL_CLASSES
@@ -152,7 +162,9 @@ def aux_loss(logits, targets):
         part = slice(start, start + classes)
         total = total - (targets[:, part] * torch.log_softmax(logits[:, part], dim=-1)).sum(-1).mean()
         start += classes
-    return total / len(LABEL_CLASSES)
+    where = slice(start, start + POSITION_TARGETS)
+    total = total + 10 * (torch.sigmoid(logits[:, where]) - targets[:, where]).pow(2).sum(-1).mean()
+    return total / (len(LABEL_CLASSES) + 1)
 
 
 class Batcher:
@@ -302,10 +314,11 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
     spec = I.ImageSpec.from_preprocessor_config(pre)
     batcher = Batcher(tok, spec, ids["image_token_id"], targets=aux_weight > 0)
     # Training aid, not part of the checkpoint: a linear probe on the encoder's output tokens
-    # predicts what lies under each token (shape, colour, character), read through a hook.
+    # predicts what lies under each token (shape, colour, character) and where the token is, read
+    # through a hook.
     from .data import LABEL_CLASSES
 
-    probe = torch.nn.Linear(config.vision_config.out_hidden_size, sum(LABEL_CLASSES))
+    probe = torch.nn.Linear(config.vision_config.out_hidden_size, sum(LABEL_CLASSES) + POSITION_TARGETS)
     tokens = {}
     model.model.visual.merger.register_forward_hook(lambda _m, _i, out: tokens.__setitem__("out", out))
     params = list(model.named_parameters()) + [("probe." + n, p) for n, p in probe.named_parameters()]
