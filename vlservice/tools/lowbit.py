@@ -184,7 +184,7 @@ def measure(text: dict, batches: list, reps: int, threads: int, only=None) -> di
             with torch.inference_mode():
                 for b in batches:
                     xs = {k: torch.randn(b, k) for k in {k for k, _ in products}}
-                    row[str(b)] = round(_median_ms(lambda run=run, xs=xs: run(xs), reps), 1)
+                    row[str(b)] = round(_median_ms(lambda run=run, xs=xs: run(xs), reps), 3)
         except Exception as exc:  # a kernel this build or CPU does not have: reported, not fatal
             row = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
         log.info("%s: %s", name, row)
@@ -211,7 +211,7 @@ def markdown(report: dict) -> str:
         cells = []
         for b in batches:
             ms, ref = row[str(b)], base.get(str(b))
-            cells += [f"{ms}", f"{ref / ms:.2f}x" if ref else ""]
+            cells += [f"{ms:.1f}", f"{ref / ms:.2f}x" if ref and ms else ""]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
