@@ -27,8 +27,6 @@ import argparse
 import gc
 import json
 import logging
-import statistics
-import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -43,17 +41,6 @@ def shapes(text: dict) -> tuple[list[tuple[int, int]], int]:
     q, kv = text["num_attention_heads"] * d, text["num_key_value_heads"] * d
     layer = [(h, q + 2 * kv), (q, h), (h, 2 * inter), (inter, h)]
     return [*layer * text["num_hidden_layers"], (h, text["vocab_size"])], text["num_hidden_layers"]
-
-
-def _median_ms(fn, reps: int) -> float:
-    fn()
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
 
 
 # --------------------------------------------------------------------------- candidates
@@ -171,6 +158,8 @@ CANDIDATES = {
 
 def measure(text: dict, batches: list, reps: int, threads: int, only=None) -> dict:
     import torch
+
+    from .decodeprof import _median_ms
 
     torch.set_num_threads(threads)
     products, layers = shapes(text)
