@@ -82,14 +82,17 @@ def test_onnx_fp32_matches_torch_and_int8_keeps_cosine(service_for):
 
 def test_onnx_files_are_cached_by_fingerprint(service_for, cache_dir):
     svc = service_for("onnx-int8")
+    from vlservice.engine.vision import int8_folder
+
     folder = cache_dir / "onnx" / svc.model_fp  # one folder per checkpoint and recipe, reused
-    assert (folder / "fp32" / "model.onnx").is_file() and (folder / "int8" / "model.onnx").is_file()
+    int8 = folder / int8_folder()  # 7-bit weights where the CPU has no VNNI
+    assert (folder / "fp32" / "model.onnx").is_file() and (int8 / "model.onnx").is_file()
     assert len([f for f in (cache_dir / "onnx").iterdir() if f.name == svc.model_fp]) == 1
     from vlservice.engine.vision import ensure_onnx
 
     _, stats = ensure_onnx(svc.source.path, svc.model.model.visual, cache_dir, "onnx-int8")
     assert stats["fingerprint"] == svc.model_fp and stats["export_s"] == 0 and stats["quantize_s"] == 0
-    int8_size = sum(p.stat().st_size for p in (folder / "int8").glob("model.onnx*"))
+    int8_size = sum(p.stat().st_size for p in int8.glob("model.onnx*"))
     fp32_size = sum(p.stat().st_size for p in (folder / "fp32").glob("model.onnx*"))
     assert int8_size < fp32_size
 
@@ -411,3 +414,46 @@ def test_finished_requests_are_not_kept_alive(service_for):
     while svc._active and time.time() < deadline:
         time.sleep(0.01)
     assert svc._active == {}
+
+
+def test_int8_encoder_weights_are_7_bit_where_the_cpu_has_no_vnni(service_for, cache_dir):
+    """Without VNNI ONNX Runtime's u8 x s8 products saturate in 16-bit pair sums: 7-bit weights."""
+    import onnx
+    from onnx import numpy_helper
+
+    from vlservice.engine.vision import cpu_has_vnni, int8_folder
+
+    svc = service_for("onnx-int8")
+    proto = onnx.load(str(cache_dir / "onnx" / svc.model_fp / int8_folder() / "model.onnx"))
+    quantized = [numpy_helper.to_array(t) for t in proto.graph.initializer if t.name.endswith("_quantized")]
+    assert quantized
+    widest = max(int(np.abs(q.astype(np.int32)).max()) for q in quantized)
+    assert (widest > 64) if cpu_has_vnni() else (widest <= 64)
+
+
+def test_checkpoint_pages_read_while_loading_leave_the_process(tiny_model_dir, tmp_path, cache_dir):
+    """Loading reads every weight through a memory map that stays open (the tensors still backed by
+    it); the pages it read are dropped from the process before the fork, and what is still backed
+    by the file reads the same values again."""
+    import shutil
+
+    import torch
+
+    from vlservice.config import Settings
+    from vlservice.engine.heap import mapped_file_pages, release_file_pages
+    from vlservice.engine.service import VLModelService
+
+    model_dir = shutil.copytree(tiny_model_dir, tmp_path / "model")  # mapped by this service alone
+    svc = VLModelService(Settings(model=str(model_dir), cache_dir=str(cache_dir), threads=2))
+    ids = torch.tensor([[1, 5, 9, 14, 2]])
+    before = svc.model(input_ids=ids).logits
+    resident = sum(v["Rss"] for v in mapped_file_pages(model_dir))
+    assert resident > 0  # the checkpoint is mapped and what loading read is resident
+    assert release_file_pages(model_dir) == resident * 1024
+    assert sum(v["Rss"] for v in mapped_file_pages(model_dir)) == 0
+    assert torch.equal(svc.model(input_ids=ids).logits, before)
+    assert sum(v["Rss"] for v in mapped_file_pages(model_dir)) > 0  # read again
+    from vlservice.engine.service import load_service
+
+    load_service(Settings(model=str(model_dir), cache_dir=str(cache_dir), threads=2), start=False)
+    assert sum(v["Rss"] for v in mapped_file_pages(model_dir)) == 0  # what Gunicorn's master runs

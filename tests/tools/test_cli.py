@@ -191,5 +191,7 @@ def test_memory_command_reports_each_gunicorn_process(cli_env, tmp_path):
     assert roles == ["master", "worker"]
     for r in report["processes"]:
         assert 0 < r["uss_mib"] <= r["pss_mib"] <= r["rss_mib"] <= r["peak_rss_mib"]
+        assert abs(r["pss_anon_mib"] + r["pss_file_mib"] - r["pss_mib"]) <= 2  # the split adds up
+    assert report["cpu"]["model"] and report["cpu"]["threads"] == 1 and report["llm"] == "float32"
     assert report["max_peak_rss_mib"] == max(r["peak_rss_mib"] for r in report["processes"])
     assert "| total |" in proc.stdout

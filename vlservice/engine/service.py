@@ -39,7 +39,7 @@ from .counters import Counters
 from .decoder import Decoder
 from .generation import Generation
 from .lm import LeanLM, SeqPos
-from .heap import malloc_trim
+from .heap import malloc_trim, release_file_pages
 from .prompt import build_prompt
 from .scheduler import Scheduler
 from .types import ChatRequest, Event, ImageInput, Message, Sampling, VideoInput
@@ -470,6 +470,9 @@ def load_service(settings: Settings | None = None, start: bool = True) -> VLMode
                  release_torch_vision(service.model) / 2**20)
     if settings.malloc_trim:
         malloc_trim()  # loading leaves freed buffers (conversions, packing) in the heap
+    released = release_file_pages(service.source.path)
+    if released:
+        log.info("released %.0f MB of checkpoint pages that loading left mapped", released / 2**20)
     if start:
         service.start()
     return service

@@ -39,6 +39,20 @@ def _peak_rss_mib(pid: int) -> int:
     return 0
 
 
+def _rollup_mib(pid: int) -> dict:
+    """PSS split into anonymous memory (weights, heaps) and file pages (mapped checkpoint and
+    libraries, which the kernel can drop and read again), from /proc/PID/smaps_rollup."""
+    out = {"pss_anon_mib": 0, "pss_file_mib": 0}
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("Pss_Anon", "Pss_File"):
+                out[key.lower() + "_mib"] = round(int(value.split()[0]) / 1024)
+    except OSError:
+        pass
+    return out
+
+
 def measure(workers: int, timeout: float = 900) -> dict:
     port = _free_port()
     env = {**os.environ, "VL_BIND": f"127.0.0.1:{port}", "VL_WORKERS": str(workers)}
@@ -67,8 +81,16 @@ def measure(workers: int, timeout: float = 900) -> dict:
             m = p.memory_full_info()
             rows.append({"pid": p.pid, "role": "master" if p.pid == proc.pid else "worker",
                          "rss_mib": round(m.rss / 2**20), "pss_mib": round(m.pss / 2**20),
-                         "uss_mib": round(m.uss / 2**20), "peak_rss_mib": _peak_rss_mib(p.pid)})
-        return {"workers": workers, "processes": rows,
+                         "uss_mib": round(m.uss / 2**20), **_rollup_mib(p.pid),
+                         "peak_rss_mib": _peak_rss_mib(p.pid)})
+        from ..config import Settings
+        from .concurrency import cpu_info
+
+        import dataclasses
+
+        settings = dataclasses.replace(Settings.from_env(), workers=workers)  # what the server read
+        return {"cpu": cpu_info(settings.num_threads), "llm": settings.llm_quant or "float32", "prepack": settings.llm_prepack,
+                "workers": workers, "processes": rows,
                 "total_rss_mib": sum(r["rss_mib"] for r in rows), "total_pss_mib": sum(r["pss_mib"] for r in rows),
                 "max_peak_rss_mib": max(r["peak_rss_mib"] for r in rows)}
     finally:
@@ -82,10 +104,14 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the report to this file")
     args = ap.parse_args(argv)
     report = measure(args.workers)
-    print("| process | RSS MiB | PSS MiB | USS MiB | peak RSS MiB |\n|---|---|---|---|---|")
+    cpu = report["cpu"]
+    print(f"*{cpu['model']} ({', '.join(cpu['flags'])}); {report['workers']} workers, LLM {report['llm']}*\n")
+    print("| process | RSS MiB | PSS MiB | of which anonymous / file | USS MiB | peak RSS MiB |\n"
+          "|---|---|---|---|---|---|")
     for r in report["processes"]:
-        print(f"| {r['role']} {r['pid']} | {r['rss_mib']} | {r['pss_mib']} | {r['uss_mib']} | {r['peak_rss_mib']} |")
-    print(f"| total | {report['total_rss_mib']} | {report['total_pss_mib']} | | |")
+        print(f"| {r['role']} {r['pid']} | {r['rss_mib']} | {r['pss_mib']} | {r['pss_anon_mib']} / "
+              f"{r['pss_file_mib']} | {r['uss_mib']} | {r['peak_rss_mib']} |")
+    print(f"| total | {report['total_rss_mib']} | {report['total_pss_mib']} | | | |")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
