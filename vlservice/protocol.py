@@ -97,8 +97,10 @@ class VideoURL(_In):
         None, description="per-frame resolution budget (see /api/config `video.detail_frame_pixels`); null means auto")
     fps: float | None = Field(None, gt=0, le=30, description="frames sampled per second of video (default 2, as "
                                                            "the model's processor)")
-    max_frames: Annotated[int, BeforeValidator(_integral_float)] | None = Field(
-        None, ge=4, description="at most this many sampled frames (default and upper bound: VL_MAX_VIDEO_FRAMES; an "
+    # the bound inside Annotated, before the validator: otherwise pydantic writes it to the schema as "ge",
+    # which JSON Schema does not know (clients and schemathesis then took -445 for valid)
+    max_frames: Annotated[int, Field(ge=4), BeforeValidator(_integral_float)] | None = Field(
+        None, description="at most this many sampled frames (default and upper bound: VL_MAX_VIDEO_FRAMES; an "
                                 "odd number counts as the even one below: frames go in pairs)")
 
 

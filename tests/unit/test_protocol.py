@@ -193,7 +193,26 @@ AGREE = [
     {"messages": HI, "n": 1.0, "top_k": 205814.0},
     {"messages": HI, "logprobs": 1}, {"messages": HI, "stream_options": {"include_stages": 1}},
     {"messages": [{"role": "system", "content": None}] + HI}, {"messages": HI, "temperature": None, "stop": None},
+    {"messages": user({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA", "max_frames": -445}})},
 ]
+
+
+def test_the_document_states_bounds_in_json_schema_words():
+    """pydantic writes a bound it cannot place as its own keyword ("ge"); JSON Schema ignores it."""
+    found = []
+
+    def walk(node, where):
+        if isinstance(node, dict):
+            if "type" in node:
+                found.extend(f"{where}.{k}" for k in ("ge", "gt", "le", "lt") if k in node)
+            for k, v in node.items():
+                walk(v, f"{where}.{k}")
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{where}[{i}]")
+
+    walk(document()["components"]["schemas"], "schemas")
+    assert found == []
 
 
 @pytest.mark.parametrize("body", AGREE)
