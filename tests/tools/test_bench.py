@@ -104,6 +104,16 @@ def test_bench_concurrency_quick_runs_clients_through_the_real_server(tmp_path, 
     assert (out / "concurrency.png").stat().st_size > 1000
 
 
+def test_bench_peer_says_what_it_lacks_and_exits_2(tmp_path):
+    """`--peer llama.cpp` builds llama.cpp; without cmake it says what to install, before any work."""
+    env = {**os.environ, "PATH": str(tmp_path), "HF_HUB_OFFLINE": "1"}  # no cmake, no compiler
+    proc = subprocess.run([sys.executable, "-m", "vlservice", "bench", "--concurrency", "1", "--peer", "llama.cpp",
+                           "--out", str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "cmake" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_bench_decode_quick_splits_a_step_and_names_its_floor(tmp_path, cache_dir):
     """`bench --decode`: per LLM and batch size, the kernels alone, attention, the rest of the lean
     step, and the scheduler's own cycle through the service; the floor's share of the service."""

@@ -102,9 +102,9 @@ def sse_chunks(response):
         yield chunk
 
 
-def stream(url: str, image: bytes, prompt: str, tokens: int, t0: float, answering=None) -> dict:
+def stream(url: str, image: bytes, prompt: str, tokens: int, t0: float, answering=None, extra=None) -> dict:
     """One streaming request; token arrival times relative to `t0`. `answering` (a semaphore, if
-    given) is released at the first token."""
+    given) is released at the first token; `extra`: more fields for the body (the peer's)."""
     import base64
 
     import requests
@@ -114,7 +114,7 @@ def stream(url: str, image: bytes, prompt: str, tokens: int, t0: float, answerin
             "result_cache": False,
             "messages": [{"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64," + base64.b64encode(image).decode()}},
-                {"type": "text", "text": prompt}]}]}
+                {"type": "text", "text": prompt}]}], **(extra or {})}
     start = time.perf_counter() - t0
     stamps: list = []
     timings: dict = {}
@@ -132,7 +132,7 @@ def stream(url: str, image: bytes, prompt: str, tokens: int, t0: float, answerin
             "max_gap_s": max(gaps) if gaps else 0.0, "timings": timings}
 
 
-def run_clients(url: str, jobs: list, stagger: float, tokens: int) -> list:
+def run_clients(url: str, jobs: list, stagger: float, tokens: int, extra=None) -> list:
     """`jobs`: [(image, prompt)], started `stagger` seconds apart."""
     results: list = [None] * len(jobs)
     t0 = time.perf_counter()
@@ -140,7 +140,7 @@ def run_clients(url: str, jobs: list, stagger: float, tokens: int) -> list:
     def one(i, image, prompt):
         time.sleep(i * stagger)
         try:
-            results[i] = stream(url, image, prompt, tokens, t0)
+            results[i] = stream(url, image, prompt, tokens, t0, extra=extra)
         except Exception as exc:  # recorded, reported, never hidden
             results[i] = {"error": repr(exc)}
 
@@ -176,10 +176,10 @@ def level_summary(results: list) -> dict:
 SINGLE_RUNS = 3
 
 
-def singles(url: str, photo, tokens: int) -> dict:
+def singles(url: str, photo, tokens: int, extra=None) -> dict:
     """One stream at a time, SINGLE_RUNS times: the server's own prompt time (prefill of the image and
     question, vision encode excluded) and the stream's decode rate, medians."""
-    runs = [run_clients(url, [(photo(), "Describe this image.")], 0, tokens)[0] for _ in range(SINGLE_RUNS)]
+    runs = [run_clients(url, [(photo(), "Describe this image.")], 0, tokens, extra)[0] for _ in range(SINGLE_RUNS)]
     ok = [r for r in runs if "error" not in r and r["tokens"] > 1]
     if not ok:
         return {"errors": [r.get("error") for r in runs]}
@@ -224,31 +224,66 @@ def measure(args, model_dir: Path, out: Path) -> dict:
         finally:
             server.stop()
     for llm in llms:
-        for max_batch in (1, batch):
-            name = f"{llm} VL_MAX_BATCH={max_batch}"
-            server = Server(server_env(model_dir, llm, max_batch, batch, args.tokens), out / f"server-{llm}-{max_batch}.log")
-            try:
-                t = time.perf_counter()
-                server.wait_ready()
-                log.info("%s ready in %.0f s", name, time.perf_counter() - t)
-                run_clients(server.url, [(photo(), "Describe this image.")], 0, 4)  # the server's first request
-                rows = {}
-                for n in levels:
-                    res = run_clients(server.url, [(photo(), "Describe this image.") for _ in range(n)],
-                                      args.stagger, args.tokens)
-                    rows[str(n)] = level_summary(res)
-                    log.info("%s, %d streams: %s", name, n, rows[str(n)])
-                report["runs"][name] = {"llm": llm, "max_batch": max_batch, "levels": rows}
-                if max_batch == 1:
-                    key = "float32 prepacked" if llm == "float32" else llm
-                    report["single"][key] = singles(server.url, photo, args.tokens)
-                    log.info("%s, one stream: %s", key, report["single"][key])
-                if max_batch == batch:
-                    report["scenarios"][llm] = scenarios(server.url, photo, doc_size, args)
-                    log.info("%s scenarios: %s", name, report["scenarios"][llm])
-            finally:
-                server.stop()
+        peer = peer_name = None
+        if args.peer:  # llama-server with `batch` slots, up beside ours: the same requests alternate
+            from ..config import Settings
+            from .peer import LLM_TYPES, start_peer
+
+            peer_name = f"llama.cpp {LLM_TYPES[llm]} -np {batch}"
+            settings = Settings.from_env()  # the same cache and thread count as ours
+            peer = start_peer(model_dir, settings.cache_path, llm, batch, settings.num_threads,
+                              out / f"llama-server-{llm}.log")
+            peer.wait_ready()
+            run_clients(peer.url, [(photo(), "Describe this image.")], 0, 4, PEER_BODY)
+        try:
+            for max_batch in sorted({1, batch}):
+                _measure_ours(report, model_dir, llm, max_batch, batch, levels, photo, doc_size, args, out,
+                              peer if max_batch == batch else None, peer_name)
+            if peer is not None:
+                report["single"][peer_name] = singles(peer.url, photo, args.tokens, PEER_BODY)
+                log.info("%s, one stream: %s", peer_name, report["single"][peer_name])
+        finally:
+            if peer is not None:
+                peer.stop()
     return report
+
+
+PEER_BODY = {"ignore_eos": True}  # llama-server's way to force the token count (ours: min_tokens)
+
+
+def _measure_ours(report, model_dir, llm, max_batch, batch, levels, photo, doc_size, args, out, peer, peer_name):
+    """Our server with `max_batch` at every level; with `peer`, the peer at each level right after."""
+    name = f"{llm} VL_MAX_BATCH={max_batch}"
+    server = Server(server_env(model_dir, llm, max_batch, batch, args.tokens), out / f"server-{llm}-{max_batch}.log")
+    try:
+        t = time.perf_counter()
+        server.wait_ready()
+        log.info("%s ready in %.0f s", name, time.perf_counter() - t)
+        run_clients(server.url, [(photo(), "Describe this image.")], 0, 4)  # the server's first request
+        rows: dict = {}
+        peer_rows: dict = {}
+        for n in levels:
+            res = run_clients(server.url, [(photo(), "Describe this image.") for _ in range(n)], args.stagger, args.tokens)
+            rows[str(n)] = level_summary(res)
+            log.info("%s, %d streams: %s", name, n, rows[str(n)])
+            if peer is not None:
+                res = run_clients(peer.url, [(photo(), "Describe this image.") for _ in range(n)], args.stagger,
+                                  args.tokens, PEER_BODY)
+                peer_rows[str(n)] = level_summary(res)
+                log.info("%s, %d streams: %s", peer_name, n, peer_rows[str(n)])
+        report["runs"][name] = {"llm": llm, "max_batch": max_batch, "levels": rows}
+        if peer is not None:
+            report["runs"][peer_name] = {"llm": peer_name, "max_batch": f"-np {batch}", "levels": peer_rows,
+                                         "peer_of": llm}
+        if max_batch == 1:
+            key = "float32 prepacked" if llm == "float32" else llm
+            report["single"][key] = singles(server.url, photo, args.tokens)
+            log.info("%s, one stream: %s", key, report["single"][key])
+        if max_batch == batch:
+            report["scenarios"][llm] = scenarios(server.url, photo, doc_size, args)
+            log.info("%s scenarios: %s", name, report["scenarios"][llm])
+    finally:
+        server.stop()
 
 
 def scenarios(url: str, photo, doc_size, args) -> dict:
@@ -305,7 +340,7 @@ def markdown(report: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     runs = report["runs"]
     for run in runs.values():
-        base = runs.get(f"{run['llm']} VL_MAX_BATCH=1", {}).get("levels", {})
+        base = runs.get(f"{run.get('peer_of', run['llm'])} VL_MAX_BATCH=1", {}).get("levels", {})
         for n, row in run["levels"].items():
             if "aggregate_tps" not in row:
                 lines.append(f"| {run['llm']} | {run['max_batch']} | {n} | failed: {row.get('errors')} | | | | | |")
@@ -391,7 +426,17 @@ def main(argv=None) -> int:
     ap.add_argument("--stagger", type=float, default=0.3, help="seconds between client starts")
     ap.add_argument("--quick", action="store_true", help="the same code on a tiny checkpoint")
     ap.add_argument("--out", type=Path, default=Path("bench-out"))
+    ap.add_argument("--peer", choices=["llama.cpp"], help="also llama.cpp's llama-server, built from the "
+                    "llama-cpp-python source package and run on the same checkpoint converted to GGUF (f32 beside "
+                    "float32, q8_0 beside int8), level by level after ours (needs cmake, a C++ compiler and "
+                    "`pip install sentencepiece`; see vlservice/tools/peer.py)")
     args = ap.parse_args(argv)
+    if args.peer:
+        from .peer import missing
+
+        if missing():
+            print(f"bench --peer llama.cpp needs {missing()}", file=sys.stderr)
+            return 2
     _, model_dir, report = start_report(args)
     report.update(measure(args, model_dir, args.out))
     (args.out / "concurrency.json").write_text(json.dumps(report, indent=2))

@@ -1,0 +1,148 @@
+"""llama.cpp's `llama-server` as a peer in our benchmarks: the server people would pick instead.
+
+Everything is built here, once, and cached under `VL_CACHE_DIR/llama.cpp/`:
+
+- the server, from the `llama-cpp-python` source package (`pip download --no-binary :all:`), whose
+  vendored llama.cpp is compiled with cmake for this CPU (`GGML_NATIVE`): `llama-server` only;
+- the model, from the same checkpoint our server loads, converted with llama.cpp's own
+  `convert_hf_to_gguf.py` (its `gguf` package from the same source): the language model as
+  `f32` (beside our float32 LLM) or `q8_0` (beside our INT8 LLM), the vision projector as `f16`.
+
+`LlamaServer` has the interface of `concurrency.Server` (`url`, `wait_ready`, `stop`) and speaks
+the same OpenAI chat API, so the same clients measure both. Requests to it add `ignore_eos`, the
+way to force a token count there (our server's `min_tokens`). Optional: never part of the test
+suite (a build takes about 15 minutes on 2 cores and needs PyPI or a local copy of the package).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PACKAGE = "llama-cpp-python"
+LLM_TYPES = {"float32": "f32", "int8": "q8_0"}  # our LLM -> the GGUF type it is compared with
+
+
+def _source(root: Path) -> Path:
+    """The vendored llama.cpp of the newest `llama-cpp-python` source package under `root` (fetched
+    with pip when there is none)."""
+    tarballs = sorted(root.glob("llama_cpp_python-*.tar.gz"))
+    if not tarballs:
+        root.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", PACKAGE,
+                        "-d", str(root)], check=True)
+        tarballs = sorted(root.glob("llama_cpp_python-*.tar.gz"))
+    tarball = tarballs[-1]
+    folder = root / tarball.name[: -len(".tar.gz")]
+    if not (folder / "vendor" / "llama.cpp" / "CMakeLists.txt").is_file():
+        with tarfile.open(tarball) as tar:
+            tar.extractall(root, filter="data")
+    return folder / "vendor" / "llama.cpp"
+
+
+def ensure_server(cache_dir: Path) -> tuple[Path, Path]:
+    """(the `llama-server` binary, the llama.cpp source folder), built once."""
+    src = _source(Path(cache_dir) / "llama.cpp")
+    binary = src / "build" / "bin" / "llama-server"
+    if not binary.is_file():
+        log.info("building llama-server from %s (once; about 15 minutes on 2 cores)", src)
+        subprocess.run(["cmake", "-S", str(src), "-B", str(src / "build"), "-DCMAKE_BUILD_TYPE=Release",
+                        "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                        "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON"], check=True, capture_output=True)
+        subprocess.run(["cmake", "--build", str(src / "build"), "-j", str(os.cpu_count() or 2),
+                        "--target", "llama-server"], check=True, capture_output=True)
+    return binary, src
+
+
+def ensure_gguf(model_dir: Path, cache_dir: Path, llm: str) -> tuple[Path, Path]:
+    """(the language model as GGUF of the type matching our `llm`, the f16 vision projector),
+    converted once from `model_dir` with the vendored converter."""
+    from ..engine.vision import fingerprint
+
+    _, src = ensure_server(cache_dir)
+    out = Path(cache_dir) / "llama.cpp" / "gguf" / fingerprint(Path(model_dir), "gguf")
+    out.mkdir(parents=True, exist_ok=True)
+    outtype = LLM_TYPES[llm]
+    text, mmproj = out / f"model-{outtype}.gguf", out / "mmproj-f16.gguf"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src / "gguf-py"), os.environ.get("PYTHONPATH", "")])}
+    for path, extra in ((text, ["--outtype", outtype]), (mmproj, ["--mmproj", "--outtype", "f16"])):
+        if path.is_file():
+            continue
+        log.info("converting %s to %s", model_dir, path.name)
+        tmp = path.with_suffix(".part")
+        proc = subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(model_dir), "--outfile",
+                               str(tmp), *extra], env=env, capture_output=True, text=True)
+        if proc.returncode != 0 or not tmp.is_file():
+            raise RuntimeError(f"converting to {path.name} failed: {proc.stderr[-2000:]}")
+        os.replace(tmp, path)
+    return text, mmproj
+
+
+class LlamaServer:
+    """`llama-server` with `parallel` slots on one model, started the way its README shows."""
+
+    def __init__(self, binary: Path, model: Path, mmproj: Path, parallel: int, threads: int, ctx_per_slot: int,
+                 log_path: Path):
+        from .services import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(
+            [str(binary), "-m", str(model), "--mmproj", str(mmproj), "--host", "127.0.0.1", "--port", str(self.port),
+             "-np", str(parallel), "-c", str(ctx_per_slot * parallel), "-t", str(threads), "-tb", str(threads),
+             "--no-webui", "--cache-ram", "0"],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout: float = 900) -> None:
+        import requests
+
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {self.proc.returncode}; see {self.log.name}")
+            try:
+                if requests.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        raise RuntimeError(f"llama-server not ready after {timeout:.0f} s; see {self.log.name}")
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(60)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+
+
+def start_peer(model_dir: Path, cache_dir: Path, llm: str, parallel: int, threads: int, log_path: Path,
+               ctx_per_slot: int = 4096) -> LlamaServer:
+    binary, _ = ensure_server(cache_dir)
+    text, mmproj = ensure_gguf(model_dir, cache_dir, llm)
+    return LlamaServer(binary, text, mmproj, parallel, threads, ctx_per_slot, log_path)
+
+
+def missing() -> str:
+    """What this machine lacks to build and convert the peer, in one line ("" when nothing)."""
+    import importlib.util
+
+    lacks = []
+    if not shutil.which("cmake") or not (shutil.which("c++") or shutil.which("g++")):
+        lacks.append("cmake and a C++ compiler (apt-get install cmake g++)")
+    if importlib.util.find_spec("sentencepiece") is None:  # llama.cpp's converter imports it for every Qwen
+        lacks.append("sentencepiece (.venv/bin/pip install sentencepiece)")
+    return "; ".join(lacks)
