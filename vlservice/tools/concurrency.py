@@ -55,6 +55,8 @@ def cpu_info(threads: int) -> dict:
 class Server:
     """The real server, started as users start it, for one configuration."""
 
+    ready_path = "/readyz"
+
     def __init__(self, env: dict, log_path: Path):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -72,7 +74,7 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited with {self.proc.returncode}; see {self.log.name}")
             try:
-                if requests.get(self.url + "/readyz", timeout=5).status_code == 200:
+                if requests.get(self.url + self.ready_path, timeout=5).status_code == 200:
                     return
             except requests.RequestException:
                 pass

@@ -19,12 +19,12 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
+
+from .concurrency import Server
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +87,11 @@ def ensure_gguf(model_dir: Path, cache_dir: Path, llm: str) -> tuple[Path, Path]
     return text, mmproj
 
 
-class LlamaServer:
-    """`llama-server` with `parallel` slots on one model, started the way its README shows."""
+class LlamaServer(Server):
+    """`llama-server` with `parallel` slots on one model, started the way its README shows; waited
+    for and stopped as our own server is."""
+
+    ready_path = "/health"
 
     def __init__(self, binary: Path, model: Path, mmproj: Path, parallel: int, threads: int, ctx_per_slot: int,
                  log_path: Path):
@@ -102,31 +105,6 @@ class LlamaServer:
              "-np", str(parallel), "-c", str(ctx_per_slot * parallel), "-t", str(threads), "-tb", str(threads),
              "--no-webui", "--cache-ram", "0"],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def wait_ready(self, timeout: float = 900) -> None:
-        import requests
-
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {self.proc.returncode}; see {self.log.name}")
-            try:
-                if requests.get(self.url + "/health", timeout=5).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(1)
-        raise RuntimeError(f"llama-server not ready after {timeout:.0f} s; see {self.log.name}")
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(60)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.log.close()
 
 
 def start_peer(model_dir: Path, cache_dir: Path, llm: str, parallel: int, threads: int, log_path: Path,
