@@ -11,7 +11,7 @@ Everything is built here, once, and cached under `VL_CACHE_DIR/llama.cpp/`:
 `LlamaServer` has the interface of `concurrency.Server` (`url`, `wait_ready`, `stop`) and speaks
 the same OpenAI chat API, so the same clients measure both. Requests to it add `ignore_eos`, the
 way to force a token count there (our server's `min_tokens`). Optional: never part of the test
-suite (a build takes about 15 minutes on 2 cores and needs PyPI or a local copy of the package).
+suite (a build took 25 minutes on 2 cores here and needs PyPI or a local copy of the package).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def ensure_server(cache_dir: Path) -> tuple[Path, Path]:
     src = _source(Path(cache_dir) / "llama.cpp")
     binary = src / "build" / "bin" / "llama-server"
     if not binary.is_file():
-        log.info("building llama-server from %s (once; about 15 minutes on 2 cores)", src)
+        log.info("building llama-server from %s (once; 25 minutes on 2 cores here)", src)
         subprocess.run(["cmake", "-S", str(src), "-B", str(src / "build"), "-DCMAKE_BUILD_TYPE=Release",
                         "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                         "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON"], check=True, capture_output=True)
