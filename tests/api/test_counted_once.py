@@ -117,7 +117,10 @@ def settled(srv) -> dict:
 def test_busy_and_a_stream_whose_client_left_are_counted_once(srv):
     before = settled(srv)
     with requests.post(srv.url + CHAT, json=LONG, headers=AUTH, stream=True, timeout=60) as r:
-        first_text(r.iter_lines(decode_unicode=True))
+        # keep the line iterator: once collected, urllib3 closes the connection under it (the
+        # client would leave early, and the garbage collector decides when)
+        lines = r.iter_lines(decode_unicode=True)
+        first_text(lines)
         busy = requests.post(srv.url + CHAT, json=HI, headers=AUTH, timeout=30)
         assert busy.status_code == 429 and busy.json()["error"]["code"] == "server_busy"
         assert delta(before, counts(srv)[0]) == {"429": 1}
