@@ -188,13 +188,9 @@ def export_fp32(visual, out_path: Path) -> float:
 
 def cpu_has_vnni() -> bool:
     """Whether this CPU has an 8-bit dot-product instruction (AVX-512 VNNI, AVX-VNNI or AMX)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return False
+    from ..obs.cpu import cpu_model_and_flags
+
+    return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_model_and_flags()[1])
 
 
 def int8_folder() -> str:

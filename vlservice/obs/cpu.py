@@ -9,11 +9,28 @@ its own sampler after forking.
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import threading
 import time
+from pathlib import Path
 
 import psutil
+
+
+@functools.cache
+def cpu_model_and_flags() -> tuple[str, frozenset[str]]:
+    """This CPU's model name and feature flags (`/proc/cpuinfo`: "unknown" and none elsewhere)."""
+    model, flags = "unknown", frozenset()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model == "unknown":
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return model, flags
 
 
 class CpuSampler:

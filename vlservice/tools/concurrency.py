@@ -39,15 +39,9 @@ FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8"
 
 def cpu_info(threads: int) -> dict:
     """The CPU this ran on: model name, the flags that matter for these kernels, threads."""
-    model, flags = "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model == "unknown":
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    from ..obs.cpu import cpu_model_and_flags
+
+    model, flags = cpu_model_and_flags()
     return {"model": model, "flags": [f for f in FLAGS if f in flags], "threads": threads,
             "logical_cpus": os.cpu_count()}
 

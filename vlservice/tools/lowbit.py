@@ -140,10 +140,9 @@ def torch_dyn_4bit(products):
 
 
 def _has_bf16() -> bool:
-    try:
-        return "avx512_bf16" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    from ..obs.cpu import cpu_model_and_flags
+
+    return "avx512_bf16" in cpu_model_and_flags()[1]
 
 
 CANDIDATES = {
