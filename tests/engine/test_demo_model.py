@@ -5,6 +5,7 @@ asserted on the report seed, which no decision looked at (`vlservice.demo.evalua
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -92,3 +93,22 @@ def test_real_answers_through_the_server(server, make, question, expected):
     r = client.chat.completions.create(model="qwen3-vl-demo", messages=image_message(png_bytes(make()), question),
                                        max_tokens=32, temperature=0)
     assert r.choices[0].message.content.strip() == expected
+
+
+def test_the_sets_beyond_the_presets_are_scored_through_the_service(tmp_path):
+    """`eval-demo --sets-n`: held-out phrasings and out-of-style pictures, each with generated clips
+    sent as videos, scored per task through the service's submit path."""
+    from vlservice.demo.evaluate import DEV_SEED, run
+    from vlservice.demo.heldout import SETS
+    from vlservice.engine.checkpoints import bundled_demo_path
+
+    out = run(bundled_demo_path(), 4, seed=DEV_SEED, cache_dir=tmp_path, threads=2, backends=("torch",), sets_n=12)
+    assert set(out["sets"]) == {name for name, *_ in SETS}
+    for r in out["sets"].values():
+        assert r["counts"]["video"] == 20 and sum(r["counts"].values()) == 12 + 20
+        assert all(0 <= v <= 1 for v in r["accuracy"].values())
+        assert all(m["question"] and m["expected"] for m in r["misses"])
+        for m in r["misses"]:
+            if m["task"] == "video":  # a clip's answer says what happens, in the question's language
+                assert re.search(r"moves to the (left|right)\.$|turns from \w+ to \w+\.$|向[左右]移动。$|变成.+。$",
+                                 m["expected"])

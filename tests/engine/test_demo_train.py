@@ -114,3 +114,47 @@ def test_continuing_with_a_grown_vocabulary_keeps_what_the_model_knew():
     assert model.get_input_embeddings().weight.shape[0] == (len(new_tok) + 63) // 64 * 64
     assert loss(new_tok) < before + 0.05  # the answers it knew are still its answers
     assert model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()  # still tied
+
+
+def test_clips_join_a_batch_with_the_serving_paths_prompt_and_train_the_model():
+    """A generated clip in a training batch is read as the server reads an upload (sampled at 2 fps,
+    `<t seconds>` before each temporal patch), labels cover its answer alone, and a batch of a
+    picture and a clip runs forward and backward through the real model (the probe's targets are
+    the picture's tokens only)."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
+
+    from vlservice.demo.clips import make_clip
+    from vlservice.demo.data import make_sample
+    from vlservice.demo.train import DEMO_PREPROCESSOR, VIDEO_FRAME_PIXELS, Batcher
+    from vlservice.engine import images as I
+    from vlservice.engine import video as V
+    from vlservice.engine.checkpoints import bundled_demo_path
+    from vlservice.tools.checkpoints import preprocessor_config, real_architecture, token_ids
+
+    path = bundled_demo_path()
+    tok = AutoTokenizer.from_pretrained(str(path))
+    pre = preprocessor_config(real_architecture())
+    pre.update(DEMO_PREPROCESSOR)
+    ids = token_ids(tok)
+    vspec = V.VideoSpec.from_checkpoint(path, pre)
+    batcher = Batcher(tok, I.ImageSpec.from_preprocessor_config(pre), ids["image_token_id"], targets=True,
+                      video_spec=vspec, video_token_id=ids["video_token_id"])
+    rng = np.random.default_rng(7)
+    clip, picture = make_clip(rng, lang="en"), make_sample(rng, task="count")
+    batch = batcher([picture, clip])
+    served = V.load(clip.data, vspec, frame_pixels=VIDEO_FRAME_PIXELS)
+    assert 4 <= len(served.frame_indices) <= 10  # 2-5 s at the default 2 fps
+    assert batch["video_grid_thw"].tolist() == [list(served.grid_thw)]
+    np.testing.assert_array_equal(batch["pixel_values_videos"].numpy(), served.pixel_values)
+    row, labels = batch["input_ids"][1], batch["labels"][1]
+    text = tok.decode(row[batch["attention_mask"][1] == 1])
+    assert text.count("<|video_pad|>") == served.num_tokens == int((row == ids["video_token_id"]).sum())
+    assert text.count(" seconds>") == len(served.timestamps) and "<|image_pad|>" not in text
+    assert tok.decode(labels[labels != -100]) == clip.answer + "<|im_end|>"
+    assert (batch["mm_token_type_ids"][1] == 2).sum() == served.num_tokens
+    assert batch["token_targets"].shape[0] == int((batch["input_ids"] == ids["image_token_id"]).sum())
+    model = Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32)
+    loss = model(**{k: v for k, v in batch.items() if k != "token_targets"}).loss
+    loss.backward()
+    assert torch.isfinite(loss) and model.model.visual.patch_embed.proj.weight.grad.abs().sum() > 0

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from vlservice.demo.data import (CHARS, CLASSIC_TASKS, COLORS, LABEL_CLASSES, PROMPTS, SHAPES, TASKS, TEXT_MARGIN,
-                                 Sample, encode_png, follow_ups, iter_samples, label_maps, make_sample)
+                                 Sample, encode_png, follow_ups, iter_samples, label_maps, make_sample,
+                                 shape_box)
 
 COLORS_ZH = {"red": "红色", "green": "绿色", "blue": "蓝色", "yellow": "黄色",
              "purple": "紫色", "orange": "橙色", "black": "黑色", "white": "白色"}
@@ -259,22 +260,30 @@ def test_label_maps_mark_what_is_drawn(samples):
 
 def test_token_targets_follow_the_encoder_token_order():
     from vlservice.engine import images as I
-    from vlservice.demo.train import POSITION_TARGETS, token_targets
+    from vlservice.demo.train import BOX_TARGETS, POSITION_TARGETS, token_targets
 
     spec = I.ImageSpec()
     rng = np.random.default_rng(3)
+    labels = sum(LABEL_CLASSES)
     for _ in range(20):
         s = make_sample(rng, task="color")
         p = I.prepare(s.image, spec)
         t = token_targets(s, p.size, spec.patch_size * spec.merge_size)
-        assert t.shape == (p.num_tokens, sum(LABEL_CLASSES) + POSITION_TARGETS)
-        np.testing.assert_allclose(t[:, :-POSITION_TARGETS].sum(axis=1), len(LABEL_CLASSES), rtol=1e-5)
+        assert t.shape == (p.num_tokens, labels + BOX_TARGETS + POSITION_TARGETS)
+        np.testing.assert_allclose(t[:, :labels].sum(axis=1), len(LABEL_CLASSES), rtol=1e-5)
         gw, gh = p.grid_thw[2] // 2, p.grid_thw[1] // 2
         # the last columns: each token's centre, relative to the image, in raster order
         np.testing.assert_allclose(t[:, -2], np.tile((np.arange(gw) + 0.5) / gw, gh), rtol=1e-6)
         np.testing.assert_allclose(t[:, -1], np.repeat((np.arange(gh) + 0.5) / gh, gw), rtol=1e-6)
+        box, shows = t[:, labels:labels + 4], t[:, labels + 4]
+        assert set(np.unique(shows)) <= {0.0, 1.0} and (box[shows == 0] == 0).all()
+        assert (shows == (t[:, 1:LABEL_CLASSES[0]].max(axis=1) > 0)).all()  # every token on a shape
         sy, sx = p.size[0] / s.image.shape[0], p.size[1] / s.image.shape[1]
-        for shape, _color, cx, cy, _size in s.objects:
+        h, w = s.image.shape[:2]
+        for shape, _color, cx, cy, size in s.objects:
             row, col = int(cy * sy) // 32, int(cx * sx) // 32
             kinds = t[row * gw + col, :LABEL_CLASSES[0]]
             assert kinds[1 + SHAPES.index(shape)] == kinds[1:].max() > 0, (shape, kinds)
+            # the token at the shape's centre carries the shape's drawn box, relative to the image
+            x1, y1, x2, y2 = shape_box(shape, cx, cy, size)
+            np.testing.assert_allclose(box[row * gw + col], (x1 / w, y1 / h, (x2 + 1) / w, (y2 + 1) / h), atol=0.03)

@@ -13,7 +13,7 @@ import pytest
 from test_demo_data import ANSWER_PATTERNS
 from vlservice.demo.data import COLORS, PROMPTS, label_maps, shape_box
 from vlservice.demo.heldout import box_score, check, expected_boxes, iou, parse_boxes
-from vlservice.demo.phrasings import HELD_OUT, TRAIN, phrasings
+from vlservice.demo.phrasings import AROUND, HELD_OUT, TRAIN, dressed, phrasings
 from vlservice.demo.render import IN_STYLE, OUT_OF_STYLE, iter_styled_samples
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
@@ -51,6 +51,21 @@ def test_held_out_phrasings_are_not_in_the_tokenizers_corpus():
             for p in held:
                 assert p.format(shape="circle", object="red circle") not in trained
                 assert p.format(shape="圆形", object="红色的圆形") not in trained
+
+
+def test_training_questions_are_dressed_in_the_words_around_a_question_never_as_held_out_ones():
+    rng = np.random.default_rng(0)
+    for lang in TRAIN:
+        held = {p for kind in HELD_OUT[lang].values() for p in kind}
+        for kind, train in TRAIN[lang].items():
+            out = [dressed(rng, lang, p) for p in train for _ in range(40)]
+            assert not set(out) & held, (lang, kind)
+            assert len(set(out)) > 4 * len(train)  # greetings, thanks, case, marks
+            assert sum(o in train for o in out) > len(out) // 10  # and often as written
+            if "{shape}" in train[1] or "{object}" in train[1]:
+                assert all(("{shape}" in o) or ("{object}" in o) for o in out)
+        assert any(o.startswith(AROUND[lang]["before"]) for o in out)
+        assert any(o.endswith(AROUND[lang]["after"]) for o in out)
 
 
 def test_styled_samples_are_deterministic_and_vary():

@@ -39,7 +39,7 @@ from typing import Iterator, Sequence
 import cv2
 import numpy as np
 
-from .phrasings import phrasings
+from .phrasings import dressed, phrasings
 from .prompts import PROMPTS
 
 TASKS = ("describe", "color", "count", "position", "ocr", "locate")
@@ -245,11 +245,19 @@ def _describe_shapes(objects: tuple, lang: str) -> str:
     return text + "。"
 
 
+DRESSED_SHARE = 0.5  # of training questions: wrapped in the words people put around a question
+
+
 def _ask(rng: np.random.Generator, pool: str, lang: str, kind: str) -> str:
     """A phrasing of the question kind from the pool; the preset pool has one and draws nothing
     (so the classic generator's stream is what it always was)."""
     options = phrasings(pool, lang, kind)
-    return options[0] if len(options) == 1 else options[int(rng.integers(len(options)))]
+    if len(options) == 1:
+        return options[0]
+    phrasing = options[int(rng.integers(len(options)))]
+    if pool == "train" and rng.random() < DRESSED_SHARE:
+        return dressed(rng, lang, phrasing)
+    return phrasing
 
 
 def boxes_1000(objects: tuple, canvas: tuple[int, int]) -> list[list[int]]:

@@ -6,7 +6,10 @@ a new user meets, through the same service submit path (greedy, caches off):
 - "held-out phrasings": pictures in `render.IN_STYLE`, questions phrased from
   `phrasings.HELD_OUT` (wordings no training run and no tokenizer corpus saw);
 - "out-of-style": pictures from `render.OUT_OF_STYLE` (a renderer parameterised differently from
-  anything trained on), asked with the presets, so the column shows what the drawing alone costs.
+  anything trained on), asked with the presets, so the column shows what the drawing alone costs;
+- "video", in both sets: generated clips (`clips`, MP4 bytes sent as a video part, sampled by the
+  server at 2 fps), asked "Describe this video." / "描述这段视频。" in the out-of-style set and in
+  held-out phrasings in the other; a quarter as many clips as pictures, at least 20.
 
 Each set draws from its own seed sequence, `[seed, k]`, never a training seed. Grounding answers
 ("locate") are scored by their boxes: a box counts when a predicted box with the same label has
@@ -20,6 +23,7 @@ import json
 import re
 from collections import defaultdict
 
+from .clips import iter_clips
 from .data import TASKS, encode_png
 from .render import IN_STYLE, OUT_OF_STYLE, iter_styled_samples
 
@@ -85,16 +89,23 @@ def check(sample, answer: str) -> tuple[bool, tuple[int, int] | None]:
     return " ".join(answer.split()) == " ".join(sample.answer.split()), None
 
 
+COLUMNS = (*TASKS, "video")
+
+
 def run_sets(service, seed: int, n: int) -> dict:
     """Every set's accuracy per task (locate: the box share) through ``service``'s submit path."""
-    from ..engine.types import ChatRequest, ImageInput, Message, Sampling
+    from ..engine.types import ChatRequest, ImageInput, Message, Sampling, VideoInput
+
+    def ask(s) -> str:
+        media = VideoInput(s.data) if s.task == "video" else ImageInput(encode_png(s.image))
+        return service.submit(ChatRequest([Message("user", [media, s.question])], Sampling(max_tokens=MAX_TOKENS),
+                                          result_cache=False)).result()["text"]
 
     out = {}
     for name, style, pool, k in SETS:
-        samples = list(iter_styled_samples([seed, k], n, style, pool))
-        answers = [service.submit(ChatRequest([Message("user", [ImageInput(encode_png(s.image)), s.question])],
-                                              Sampling(max_tokens=MAX_TOKENS), result_cache=False)).result()["text"]
-                   for s in samples]
+        samples = [*iter_styled_samples([seed, k], n, style, pool), *iter_clips([seed, k, 1], max(20, n // 4), pool)]
+        n_all = len(samples)
+        answers = [ask(s) for s in samples]
         per: dict = defaultdict(lambda: [0, 0])
         boxes = [0, 0]
         right = 0
@@ -109,19 +120,19 @@ def run_sets(service, seed: int, n: int) -> dict:
                 boxes[1] += scored[1]
             if not ok and len(examples) < 12:
                 examples.append({"task": s.task, "question": s.question, "expected": s.answer, "answer": answer})
-        accuracy = {t: per[t][0] / per[t][1] for t in TASKS if per[t][1]}
+        accuracy = {t: per[t][0] / per[t][1] for t in COLUMNS if per[t][1]}
         if boxes[1]:
             accuracy["locate"] = boxes[0] / boxes[1]
-        accuracy["all"] = right / n
-        out[name] = {"accuracy": accuracy, "counts": {t: per[t][1] for t in TASKS if per[t][1]},
+        accuracy["all"] = right / n_all
+        out[name] = {"accuracy": accuracy, "counts": {t: per[t][1] for t in COLUMNS if per[t][1]},
                      "boxes": {"hits": boxes[0], "total": boxes[1]}, "seed": [seed, k], "misses": examples}
     return out
 
 
 def markdown(sets: dict) -> str:
-    lines = ["| set | " + " | ".join(TASKS) + " | all (exact) |", "|" + "---|" * (len(TASKS) + 2)]
+    lines = ["| set | " + " | ".join(COLUMNS) + " | all (exact) |", "|" + "---|" * (len(COLUMNS) + 2)]
     for name, r in sets.items():
-        cells = [f"{r['accuracy'][t] * 100:.1f}% (n={r['counts'][t]})" if t in r["counts"] else "-" for t in TASKS]
+        cells = [f"{r['accuracy'][t] * 100:.1f}% (n={r['counts'][t]})" if t in r["counts"] else "-" for t in COLUMNS]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {r['accuracy']['all'] * 100:.1f}% |")
     for name, r in sets.items():
         b = r["boxes"]

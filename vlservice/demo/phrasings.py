@@ -14,7 +14,7 @@ of a kind that has a preset is that preset, byte for byte (`prompts.PROMPTS`).
 
 from __future__ import annotations
 
-from .prompts import PROMPTS
+from .prompts import PROMPTS, VIDEO_PRESETS
 
 TRAIN: dict[str, dict[str, tuple[str, ...]]] = {
     "en": {
@@ -73,6 +73,12 @@ TRAIN: dict[str, dict[str, tuple[str, ...]]] = {
             "Find the {object} in the picture and report its bounding box in JSON.", "Detect the {object}.",
             "Where is the {object} in the photo?",
         ),
+        "describe_video": (
+            VIDEO_PRESETS["describe_video"]["en"], "What happens in this video?", "What happens in the clip?",
+            "Describe the clip.", "What is going on in this video?", "Tell me what happens in the video.",
+            "What does the video show?", "Summarize this video.", "What do you see in this clip?",
+            "Explain what happens.", "Describe what happens in this clip.",
+        ),
     },
     "zh": {
         "describe": (
@@ -115,6 +121,11 @@ TRAIN: dict[str, dict[str, tuple[str, ...]]] = {
             "框出{object}。", "{object}在图片的哪个位置？", "请找到照片里的{object}。", "标出{object}的位置。",
             "用 JSON 给出{object}的边界框。", "{object}在哪？",
         ),
+        "describe_video": (
+            VIDEO_PRESETS["describe_video"]["zh"], "视频里发生了什么？", "这段视频讲了什么？", "描述一下这个视频。",
+            "视频中有什么变化？", "说说视频里发生的事。", "这个片段里发生了什么？", "请描述这段视频的内容。",
+            "视频显示了什么？", "简单描述这个视频。", "讲讲这段视频。",
+        ),
     },
 }
 
@@ -143,6 +154,9 @@ HELD_OUT: dict[str, dict[str, tuple[str, ...]]] = {
         "locate_one": ("Can you find the {object}?", "Where can I see the {object}?",
                        "Give me the box of the {object}.", "Locate the {object} in the image.",
                        "Where is the {object} located?", "Find the {object} and give its bounding box."),
+        "describe_video": ("What's happening in the video?", "Can you describe the video?",
+                           "What goes on in this clip?", "Give me a summary of the clip.",
+                           "What did the shape do?", "Tell me about this video."),
     },
     "zh": {
         "describe": ("这是什么图形？", "图上画了什么？", "这张照片里有什么东西？", "给我讲讲这张图。",
@@ -161,10 +175,47 @@ HELD_OUT: dict[str, dict[str, tuple[str, ...]]] = {
                    "检测照片中的每个图形。", "定位所有形状。", "给出图中所有物体的边界框。"),
         "locate_one": ("{object}在什么地方？", "帮我找到{object}。", "请给出{object}的位置。",
                        "图片里的{object}在哪里？", "找一下{object}的边界框。", "{object}位于哪里？"),
+        "describe_video": ("这个视频在讲什么？", "视频里有什么动静？", "帮我描述一下这段视频。", "片段中发生了什么事？",
+                           "图形在视频里做了什么？", "请概括这段视频。"),
     },
 }
 
 POOLS = ("preset", "train", "held_out")
+
+# Words people put around a question, which the model must learn to read past: training wraps half
+# of its `TRAIN` phrasings in them (`dressed`), so that what decides an answer is the question's
+# content words and not its exact string. Written as greetings, thanks and asides, not from
+# `HELD_OUT`; a dressed question that happens to be a held-out phrasing is never produced.
+AROUND: dict[str, dict[str, tuple[str, ...]]] = {
+    "en": {
+        "before": ("Hi! ", "Hello, ", "Hey. ", "Quick question: ", "Look at this. ", "OK, ", "Question: ",
+                   "I need some help. ", "Excuse me, ", "So, ", "One more thing: ", "Here is a picture. "),
+        "after": (" Thanks!", " Thank you.", " Please.", " Answer briefly.", " Be brief.", " Thanks a lot.",
+                  " Just the answer, please.", " Short answer.", " Cheers."),
+    },
+    "zh": {
+        "before": ("你好，", "您好！", "请问：", "麻烦你，", "问一下，", "看看这个。", "嗨，", "我想知道：", "那么，",
+                   "这是一张图。"),
+        "after": ("谢谢！", "谢谢。", "简单回答。", "请简短回答。", "麻烦了。", "多谢。", "只要答案。"),
+    },
+}
+
+
+def dressed(rng, lang: str, phrasing: str) -> str:
+    """``phrasing`` as a person might type it around the question: with a greeting before or thanks
+    after it, in lower case or without its final mark (English), or unchanged. Draws from ``rng``."""
+    out = phrasing
+    r = rng.random()
+    if r < 0.35:
+        out = AROUND[lang]["before"][int(rng.integers(len(AROUND[lang]["before"])))] + out
+    elif r < 0.6:
+        out = out + AROUND[lang]["after"][int(rng.integers(len(AROUND[lang]["after"])))]
+    r = rng.random()
+    if lang == "en" and r < 0.25:
+        out = out.lower()
+    elif r < 0.45 and out[-1] in "?.!？。！":
+        out = out[:-1]
+    return phrasing if any(out in held for held in HELD_OUT[lang].values()) else out
 
 
 def phrasings(pool: str, lang: str, kind: str) -> tuple[str, ...]:

@@ -33,8 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import Settings
+from .clips import Clip, make_clip
+from .clips import answer as clip_answer
 from .data import COLORS, COLORS_ZH, SHAPES, SHAPES_ZH, TASKS, follow_ups, iter_samples, make_sample
-from .phrasings import TRAIN
+from .phrasings import AROUND, TRAIN
 from .render import iter_styled_samples, make_styled_sample
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,9 @@ DEMO_SIZES = {
 DEMO_PREPROCESSOR = {"size": {"shortest_edge": 128 * 128, "longest_edge": 320 * 320}}
 VOCAB_LIMIT = 1024
 
+
+# A clip's frames as the server samples them for `detail: auto` (its default)
+VIDEO_FRAME_PIXELS = Settings.video_detail_auto_pixels
 
 MIXES = ("classic", "varied")
 CLASSIC_SHARE = 0.3  # of a varied mix's samples: the classic generator's, so its presets stay sharp
@@ -70,9 +76,13 @@ def training_phrasings() -> set[str]:
 
 def corpus_texts(seed: int = 12345, n: int = 4000) -> list[str]:
     """Every training question and answer form, so the small vocabulary spells them in few tokens."""
-    texts = training_phrasings()
+    texts = training_phrasings() | {w.strip() for lang in AROUND.values() for ws in lang.values() for w in ws}
     texts |= {t for s in iter_samples(seed, n) for t in (s.question, s.answer)}
     texts |= {s.answer for s in iter_styled_samples(seed, n)}
+    texts |= {clip_answer(event, shape, (a, b if event == "change" else a), side, lang)
+              for event in ("move", "change") for shape in SHAPES for a in COLORS for b in COLORS if a != b
+              for side in ("left", "right") for lang in ("en", "zh")}
+    texts |= {f"<{t / 10:.1f} seconds>" for t in range(0, 100, 5)}  # a clip's timestamps
     return sorted(texts)
 
 
@@ -120,16 +130,19 @@ def _spelled(token: str, vocab: dict[str, int]) -> list[int]:
 
 
 POSITION_TARGETS = 2  # per token: its centre's column and row, relative to the image (0-1)
+BOX_TARGETS = 5  # per token: the box of the shape under it (x1, y1, x2, y2, relative) and 1, or 0s
 
 
 def token_targets(sample, size: tuple[int, int], block: int) -> np.ndarray:
-    """What lies under each vision output token, and where the token is: per-class pixel shares of
-    the three label maps, then the token centre's column and row relative to the image (0-1).
+    """What lies under each vision output token, and where: per-class pixel shares of the three
+    label maps, then the box of the shape the token shows (relative to the image, 0-1, and a 1; all
+    0 for a token on no shape), then the token centre's column and row relative to the image (0-1).
 
     ``size`` is the resized (h, w) the serving path feeds the encoder and ``block`` the pixels a
-    merged token covers (patch_size * merge_size); rows follow the encoder's token order. The
-    position columns ask the encoder to say where each token lies in a form the language model can
-    read out: grounding answers are coordinates relative to the image.
+    merged token covers (patch_size * merge_size); rows follow the encoder's token order. The box
+    and position columns ask the encoder to say where each token and its shape lie in a form the
+    language model can read out: grounding answers are boxes relative to the image, and any token
+    of a shape then carries its whole box.
     """
     import cv2
 
@@ -145,14 +158,24 @@ def token_targets(sample, size: tuple[int, int], block: int) -> np.ndarray:
     for channel, classes in enumerate(LABEL_CLASSES):
         counts = np.bincount(token * classes + maps[..., channel].ravel(), minlength=n * classes)
         parts.append(counts.reshape(n, classes).astype(np.float32) / (block * block))
+    boxes = np.zeros((n, BOX_TARGETS), np.float32)
+    kinds = parts[0]
+    for kind in np.unique(maps[..., 0]):
+        if kind == 0:
+            continue
+        ys, xs = np.nonzero(maps[..., 0] == kind)
+        shows = (kinds[:, kind] > 0) & (kinds[:, kind] == kinds[:, 1:].max(axis=1))
+        boxes[shows] = (xs.min() / w, ys.min() / h, (xs.max() + 1) / w, (ys.max() + 1) / h, 1.0)
+    parts.append(boxes)
     r, c = np.divmod(np.arange(n), gw)
     parts.append(np.stack([(c + 0.5) / gw, (r + 0.5) / gh], axis=1).astype(np.float32))
     return np.concatenate(parts, axis=1)
 
 
 def aux_loss(logits, targets):
-    """Soft cross-entropy per label map and the squared error of the position (x 10, so it weighs
-    about as much as a label map), averaged over tokens and terms."""
+    """Soft cross-entropy per label map, and the squared errors of the shape's box (on the tokens
+    that show a shape) and of the position (each x 10, so it weighs about as much as a label map),
+    averaged over tokens and terms."""
     import torch
 
     from .data import LABEL_CLASSES
@@ -162,33 +185,48 @@ def aux_loss(logits, targets):
         part = slice(start, start + classes)
         total = total - (targets[:, part] * torch.log_softmax(logits[:, part], dim=-1)).sum(-1).mean()
         start += classes
-    where = slice(start, start + POSITION_TARGETS)
+    box, shows = slice(start, start + BOX_TARGETS - 1), targets[:, start + BOX_TARGETS - 1]
+    error = (torch.sigmoid(logits[:, box]) - targets[:, box]).pow(2).sum(-1)
+    total = total + 10 * (error * shows).sum() / shows.sum().clamp(min=1)
+    where = slice(start + BOX_TARGETS, start + BOX_TARGETS + POSITION_TARGETS)
     total = total + 10 * (torch.sigmoid(logits[:, where]) - targets[:, where]).pow(2).sum(-1).mean()
-    return total / (len(LABEL_CLASSES) + 1)
+    return total / (len(LABEL_CLASSES) + 2)
 
 
 class Batcher:
     """Samples to padded model inputs, through the same preprocessing as serving."""
 
-    def __init__(self, tokenizer, spec, image_token_id: int, targets: bool = False):
+    def __init__(self, tokenizer, spec, image_token_id: int, targets: bool = False, video_spec=None,
+                 video_token_id: int = -1):
         self.tok, self.spec, self.image_token_id = tokenizer, spec, image_token_id
+        self.video_spec, self.video_token_id = video_spec, video_token_id
         self.pad = tokenizer.pad_token_id
         self.targets = targets
 
     def encode(self, sample, extra=()):
-        """Token ids and labels (-100 outside the answers) of a chat about one image: the sample's
-        question and answer, then each (question, answer) of ``extra`` as a further turn."""
+        """Token ids and labels (-100 outside the answers) of a chat about one image or clip: the
+        sample's question and answer, then each (question, answer) of ``extra`` as a further turn.
+        A clip (`clips.Clip`) is read through the serving path's video decoder and sampler."""
         from ..engine import images as I
+        from ..engine import video as V
         from ..engine.prompt import build_prompt
 
-        p = I.prepare(sample.image, self.spec)
+        is_clip = isinstance(sample, Clip)
+        if is_clip:
+            assert self.video_spec is not None, "a Batcher for clips needs the video spec"
+            p = V.load(sample.data, self.video_spec, frame_pixels=VIDEO_FRAME_PIXELS)
+        else:
+            p = I.prepare(sample.image, self.spec)
         chat: list[dict] = []
         ids: list[int] = []
         labels: list[int] = []
         for k, (question, answer) in enumerate([(sample.question, sample.answer), *extra]):
-            content = [{"type": "image"}] if k == 0 else []
+            content = [{"type": "video" if is_clip else "image"}] if k == 0 else []
             chat.append({"role": "user", "content": content + [{"type": "text", "text": question}]})
-            prompt = build_prompt(self.tok, chat, [p.num_tokens], [p.grid_thw]).input_ids
+            if is_clip:
+                prompt = build_prompt(self.tok, chat, [], [], [(V.placeholder(p), p.grid_thw)]).input_ids
+            else:
+                prompt = build_prompt(self.tok, chat, [p.num_tokens], [p.grid_thw]).input_ids
             if prompt[:len(ids)] != ids:  # the template re-tokenised an earlier turn: stop here
                 break
             reply = self.tok(answer + "<|im_end|>", add_special_tokens=False)["input_ids"]
@@ -209,33 +247,41 @@ class Batcher:
             ids[i, :len(seq)] = torch.tensor(seq)
             labels[i, :len(seq)] = torch.tensor(target)
             mask[i, :len(seq)] = 1
-        batch = {
-            "input_ids": ids, "attention_mask": mask, "labels": labels,
-            "mm_token_type_ids": (ids == self.image_token_id).int(),
-            "pixel_values": torch.from_numpy(np.concatenate([p.pixel_values for _, _, p in rows])),
-            "image_grid_thw": torch.tensor([list(p.grid_thw) for _, _, p in rows]),
-        }
-        if self.targets:
+        pictures = [(s, p) for s, (_, _, p) in zip(samples, rows) if not isinstance(s, Clip)]
+        clips = [p for s, (_, _, p) in zip(samples, rows) if isinstance(s, Clip)]
+        batch = {"input_ids": ids, "attention_mask": mask, "labels": labels,
+                 "mm_token_type_ids": (ids == self.image_token_id).int() + 2 * (ids == self.video_token_id).int()}
+        if pictures:
+            batch["pixel_values"] = torch.from_numpy(np.concatenate([p.pixel_values for _, p in pictures]))
+            batch["image_grid_thw"] = torch.tensor([list(p.grid_thw) for _, p in pictures])
+        if clips:
+            batch["pixel_values_videos"] = torch.from_numpy(np.concatenate([p.pixel_values for p in clips]))
+            batch["video_grid_thw"] = torch.tensor([list(p.grid_thw) for p in clips])
+        if self.targets and pictures:
             block = self.spec.patch_size * self.spec.merge_size
             batch["token_targets"] = torch.from_numpy(
-                np.concatenate([token_targets(s, p.size, block) for s, (_, _, p) in zip(samples, rows)]))
+                np.concatenate([token_targets(s, p.size, block) for s, p in pictures]))
         return batch
 
 
 def training_stream(seed: int, batch_size: int, extra_turns: int = 2, focus: tuple[str, ...] = (),
-                    mix: str = "classic") -> Iterator[tuple[list, list]]:
+                    mix: str = "classic", video_share: float = 0.0) -> Iterator[tuple[list, list]]:
     """(samples, follow-up turns) of every training step, all drawn from one generator of ``seed``.
 
     The only source of training images: a test replays it to check that held-out images are not
     among them. With ``focus``, half the samples ask one of those tasks (the rest follow the usual
     mix). ``mix`` "varied": CLASSIC_SHARE of the samples from the classic generator, the rest drawn
-    in `render.IN_STYLE` with the training phrasings.
+    in `render.IN_STYLE` with the training phrasings. ``video_share`` of the samples are clips
+    (`clips.make_clip`, no follow-up turns); with 0 no draw is spent on them, so the streams of
+    runs without clips are what they were.
     """
     if mix not in MIXES:
         raise ValueError(f"unknown mix {mix!r}; expected one of {MIXES}")
     rng = np.random.default_rng(seed)
 
     def one():
+        if video_share and rng.random() < video_share:
+            return make_clip(rng)
         task = focus[int(rng.integers(len(focus)))] if focus and rng.random() < 0.5 else None
         if mix == "classic":
             return make_sample(rng, task)
@@ -246,7 +292,7 @@ def training_stream(seed: int, batch_size: int, extra_turns: int = 2, focus: tup
     pool = "preset" if mix == "classic" else "train"
     while True:
         samples = [one() for _ in range(batch_size)]
-        yield samples, [follow_ups(rng, s, extra_turns, pool) for s in samples]
+        yield samples, [[] if isinstance(s, Clip) else follow_ups(rng, s, extra_turns, pool) for s in samples]
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int = 100) -> float:
@@ -279,7 +325,7 @@ def plot_loss(losses: list[float], path: Path) -> None:
 
 def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads: int, init: Path | None = None,
           warmup: int = 100, aux_weight: float = 1.0, extra_turns: int = 2, focus: tuple[str, ...] = (),
-          mix: str = "classic") -> dict:
+          mix: str = "classic", video_share: float = 0.0) -> dict:
     import torch
     from tqdm import tqdm
     from transformers import Qwen3VLForConditionalGeneration
@@ -312,21 +358,24 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
     pre = preprocessor_config(real_architecture())
     pre.update(DEMO_PREPROCESSOR)
     spec = I.ImageSpec.from_preprocessor_config(pre)
-    batcher = Batcher(tok, spec, ids["image_token_id"], targets=aux_weight > 0)
+    from ..engine.video import VideoSpec
+
+    batcher = Batcher(tok, spec, ids["image_token_id"], targets=aux_weight > 0,
+                      video_spec=VideoSpec.from_checkpoint(out, pre), video_token_id=ids["video_token_id"])
     # Training aid, not part of the checkpoint: a linear probe on the encoder's output tokens
     # predicts what lies under each token (shape, colour, character) and where the token is, read
     # through a hook.
     from .data import LABEL_CLASSES
 
-    probe = torch.nn.Linear(config.vision_config.out_hidden_size, sum(LABEL_CLASSES) + POSITION_TARGETS)
-    tokens = {}
-    model.model.visual.merger.register_forward_hook(lambda _m, _i, out: tokens.__setitem__("out", out))
+    probe = torch.nn.Linear(config.vision_config.out_hidden_size, sum(LABEL_CLASSES) + BOX_TARGETS + POSITION_TARGETS)
+    tokens: list = []  # the encoder's output per call: a batch's pictures first, then its clips
+    model.model.visual.merger.register_forward_hook(lambda _m, _i, out: tokens.append(out))
     params = list(model.named_parameters()) + [("probe." + n, p) for n, p in probe.named_parameters()]
     decay = [p for n, p in params if p.ndim >= 2]
     no_decay = [p for n, p in params if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.98))
-    stream = training_stream(seed, batch_size, extra_turns, focus, mix)
+    stream = training_stream(seed, batch_size, extra_turns, focus, mix, video_share)
     losses, token_losses, t0 = [], [], time.time()
     bar = tqdm(range(steps), desc="train-demo", unit="step")
     for step in bar:
@@ -334,9 +383,10 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
             group["lr"] = lr_at(step, steps, lr, warmup)
         batch = batcher(*next(stream))
         targets = batch.pop("token_targets", None)
+        tokens.clear()
         loss = answer_loss = model(**batch).loss
         if targets is not None:
-            token_loss = aux_loss(probe(tokens["out"]), targets)
+            token_loss = aux_loss(probe(tokens[0]), targets)
             loss = loss + aux_weight * token_loss
             token_losses.append(token_loss.item())
         opt.zero_grad(set_to_none=True)
@@ -354,6 +404,7 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
     previous = json.loads((init / "training.json").read_text()) if init and (init / "training.json").is_file() else None
     info = {"steps": steps, "seed": seed, "batch_size": batch_size, "lr": lr, "warmup": warmup,
             "aux_weight": aux_weight, "extra_turns": extra_turns, "focus": list(focus), "mix": mix,
+            "video_share": video_share,
             "minutes": (time.time() - t0) / 60, "continued_from": previous,
             "first_loss": float(np.mean(losses[:5])), "final_loss": float(np.mean(losses[-100:])),
             "final_token_loss": float(np.mean(token_losses[-100:])) if token_losses else None,
@@ -399,6 +450,8 @@ def main(argv=None) -> int:
                     help="draw half the samples from these tasks (for a continuation on the weak ones)")
     ap.add_argument("--mix", default="classic", choices=MIXES,
                     help="classic: the first generator and the presets; varied: mostly the many styles and phrasings")
+    ap.add_argument("--video-share", type=float, default=0.0,
+                    help="share of the samples that are generated clips (the video task; 0: none)")
     args = ap.parse_args(argv)
     reason = refusal(args.out, args.seed, args.overwrite_bundled)
     if reason:
@@ -407,7 +460,8 @@ def main(argv=None) -> int:
     from ..config import _physical_cores
 
     info = train(args.out, args.steps, args.seed, args.batch_size, args.lr, args.threads or _physical_cores(),
-                 args.init, args.warmup, args.aux_weight, args.extra_turns, tuple(args.focus), args.mix)
+                 args.init, args.warmup, args.aux_weight, args.extra_turns, tuple(args.focus), args.mix,
+                 args.video_share)
     print(json.dumps(info, indent=2))
     return 0
 
