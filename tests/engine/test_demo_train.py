@@ -16,7 +16,8 @@ def runs(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("train")
     a = train(root / "a", steps=40, seed=5, batch_size=4, lr=3e-3, threads=2, warmup=5)
-    b = train(root / "b", steps=40, seed=5, batch_size=4, lr=3e-3, threads=2, warmup=5)
+    # b also writes its checkpoint half-way (--save-every): that must not change what it learns
+    b = train(root / "b", steps=40, seed=5, batch_size=4, lr=3e-3, threads=2, warmup=5, save_every=20)
     return root, a, b
 
 
@@ -27,11 +28,11 @@ def test_training_learns_and_is_reproducible(runs):
     assert a["first_loss"] - a["final_loss"] > 1.0  # the answer loss falls (final: mean of all 40 steps)
     wa, wb = load_file(str(root / "a" / "model.safetensors")), load_file(str(root / "b" / "model.safetensors"))
     assert wa.keys() == wb.keys()
-    assert all(np.array_equal(wa[k], wb[k]) for k in wa)  # same seed, same weights
+    assert all(np.array_equal(wa[k], wb[k]) for k in wa)  # same seed, same weights (b saved half-way too)
     assert not any("probe" in k for k in wa)  # the training aid is not part of the model
     assert (root / "a" / "loss.png").stat().st_size > 1000
     saved = json.loads((root / "a" / "training.json").read_text())
-    assert saved["steps"] == 40 and saved["seed"] == 5
+    assert saved["steps"] == saved["steps_planned"] == 40 and saved["seed"] == 5
 
 
 @pytest.mark.slow
@@ -83,8 +84,10 @@ def test_batches_pack_follow_up_turns_and_label_only_the_answers():
 
 @pytest.mark.slow
 def test_continuing_with_a_grown_vocabulary_keeps_what_the_model_knew():
-    """`--init` with the phrasings' larger vocabulary: every token's id moves, the model's answers
-    about the presets must not (its loss on them stays where it was), and the image token follows."""
+    """`--init` with a larger vocabulary: every token's id moves, the model's answers about the
+    presets must not (its loss on them stays where it was), and the image token follows. The shipped
+    model already has the full vocabulary, so it is first cut down to the presets' own (as the
+    model before the phrasings had), then grown back."""
     import torch
     from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
 
@@ -95,10 +98,13 @@ def test_continuing_with_a_grown_vocabulary_keeps_what_the_model_knew():
     from vlservice.tools.checkpoints import preprocessor_config, real_architecture, token_ids
     from vlservice.tools.tokenizer import build_tokenizer
 
-    old_tok = AutoTokenizer.from_pretrained(str(bundled_demo_path()))
+    shipped_tok = AutoTokenizer.from_pretrained(str(bundled_demo_path()))
+    presets = sorted({t for s in iter_samples(12345, 4000) for t in (s.question, s.answer)})
+    old_tok = build_tokenizer(VOCAB_LIMIT, keep_texts=presets)
     new_tok = build_tokenizer(VOCAB_LIMIT, keep_texts=corpus_texts())
-    assert len(new_tok) > len(old_tok)
+    assert len(new_tok) > len(old_tok) and new_tok.get_vocab() == shipped_tok.get_vocab()
     model = Qwen3VLForConditionalGeneration.from_pretrained(str(bundled_demo_path()), dtype=torch.float32).eval()
+    adopt_vocabulary(model, shipped_tok, old_tok)
     pre = preprocessor_config(real_architecture())
     pre.update(DEMO_PREPROCESSOR)
     spec = I.ImageSpec.from_preprocessor_config(pre)

@@ -1,7 +1,7 @@
 """The demo model's reported accuracy is measured on images that no training run drew and that no
 decision looked at: the report seed is none of the shipped model's training seeds, nor the
 development seed, and its images (the classic table's and the held-out phrasing and out-of-style
-sets', `vlservice.demo.heldout`) are not among those of the recorded training runs (replayed
+sets', with their clips, `vlservice.demo.heldout`) are not among those of the recorded training runs (replayed
 exactly from `training.json`, a prefix of each) or of the development set."""
 
 from __future__ import annotations
@@ -12,10 +12,14 @@ import json
 import pytest
 
 N_REPORT = 500  # the README table's `eval-demo --n 500`
-STEPS_PER_RUN = 100  # a prefix of each recorded run: 5 runs x 100 steps x 16 images (about 8 s)
+STEPS_PER_RUN = 100  # a prefix of each recorded run: 7 runs x 100 steps x 16 images and clips
 
 
 def digest(sample) -> bytes:
+    from vlservice.demo.clips import Clip
+
+    if isinstance(sample, Clip):  # a clip is its MP4 bytes (the encoder is deterministic)
+        return hashlib.blake2b(sample.data, digest_size=16).digest()
     return hashlib.blake2b(repr(sample.image.shape).encode() + sample.image.tobytes(), digest_size=16).digest()
 
 
@@ -35,7 +39,7 @@ def test_report_seed_is_no_training_or_development_seed():
     from vlservice.demo.train import corpus_texts
 
     runs = recorded_runs()
-    assert [r["seed"] for r in runs] == [0, 1, 2, 3, 4]  # the README's recipe
+    assert [r["seed"] for r in runs] == [0, 1, 2, 3, 4, 8, 9]  # the README's recipe
     assert REPORT_SEED != DEV_SEED and set(HELD_OUT_SEEDS) == {DEV_SEED, REPORT_SEED}
     assert not set(HELD_OUT_SEEDS) & {r["seed"] for r in runs}
     assert corpus_texts.__defaults__[0] not in HELD_OUT_SEEDS  # the tokenizer's texts
@@ -45,6 +49,7 @@ def test_report_seed_is_no_training_or_development_seed():
 def test_report_images_were_never_drawn_for_training_or_development():
     from itertools import islice
 
+    from vlservice.demo.clips import iter_clips
     from vlservice.demo.data import iter_samples
     from vlservice.demo.evaluate import DEV_SEED, REPORT_SEED
     from vlservice.demo.heldout import SETS
@@ -55,15 +60,16 @@ def test_report_images_were_never_drawn_for_training_or_development():
         images = [digest(s) for s in iter_samples(seed, N_REPORT)]
         for _, style, pool, k in SETS:
             images += [digest(s) for s in iter_styled_samples([seed, k], N_REPORT, style, pool)]
+            images += [digest(c) for c in iter_clips([seed, k, 1], max(20, N_REPORT // 4), pool)]  # run_sets' clips
         return images
 
     report = set(held_out(REPORT_SEED))
-    assert len(report) == N_REPORT * (1 + len(SETS))  # the check below compares distinct images
+    assert len(report) == N_REPORT * (1 + len(SETS)) + N_REPORT // 4 * len(SETS)  # distinct images and clips
     development = set(held_out(DEV_SEED))
     assert not report & development
     for run in recorded_runs():
         stream = training_stream(run["seed"], run["batch_size"], run["extra_turns"], tuple(run.get("focus", ())),
-                                 run.get("mix", "classic"))
+                                 run.get("mix", "classic"), run.get("video_share", 0.0))
         seen = {digest(s) for samples, _ in islice(stream, STEPS_PER_RUN) for s in samples}
         assert len(seen) > 0.99 * STEPS_PER_RUN * run["batch_size"]
         assert not report & seen, run["seed"]

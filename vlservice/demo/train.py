@@ -325,7 +325,7 @@ def plot_loss(losses: list[float], path: Path) -> None:
 
 def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads: int, init: Path | None = None,
           warmup: int = 100, aux_weight: float = 1.0, extra_turns: int = 2, focus: tuple[str, ...] = (),
-          mix: str = "classic", video_share: float = 0.0) -> dict:
+          mix: str = "classic", video_share: float = 0.0, save_every: int = 0) -> dict:
     import torch
     from tqdm import tqdm
     from transformers import Qwen3VLForConditionalGeneration
@@ -376,7 +376,27 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.98))
     stream = training_stream(seed, batch_size, extra_turns, focus, mix, video_share)
-    losses, token_losses, t0 = [], [], time.time()
+    losses: list[float] = []
+    token_losses: list[float] = []
+    t0 = time.time()
+    previous = json.loads((init / "training.json").read_text()) if init and (init / "training.json").is_file() else None
+
+    def save(done: int) -> dict:
+        model.eval()
+        out.mkdir(parents=True, exist_ok=True)
+        make_model(out, DEMO_SIZES, vocab_limit=VOCAB_LIMIT, keep_texts=texts, model=model,
+                   preprocessor=DEMO_PREPROCESSOR)
+        info = {"steps": done, "steps_planned": steps, "seed": seed, "batch_size": batch_size, "lr": lr,
+                "warmup": warmup, "aux_weight": aux_weight, "extra_turns": extra_turns, "focus": list(focus),
+                "mix": mix, "video_share": video_share,
+                "minutes": (time.time() - t0) / 60, "continued_from": previous,
+                "first_loss": float(np.mean(losses[:5])), "final_loss": float(np.mean(losses[-100:])),
+                "final_token_loss": float(np.mean(token_losses[-100:])) if token_losses else None,
+                "params": sum(p.numel() for p in model.parameters())}
+        (out / "training.json").write_text(json.dumps(info, indent=2))
+        plot_loss(losses, out / "loss.png")
+        return info
+
     bar = tqdm(range(steps), desc="train-demo", unit="step")
     for step in bar:
         for group in opt.param_groups:
@@ -397,21 +417,10 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
         if step % 10 == 0:
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}",
                             **({"token_loss": f"{np.mean(token_losses[-50:]):.3f}"} if token_losses else {}))
-    model.eval()
-    out.mkdir(parents=True, exist_ok=True)
-    make_model(out, DEMO_SIZES, vocab_limit=VOCAB_LIMIT, keep_texts=texts, model=model,
-               preprocessor=DEMO_PREPROCESSOR)
-    previous = json.loads((init / "training.json").read_text()) if init and (init / "training.json").is_file() else None
-    info = {"steps": steps, "seed": seed, "batch_size": batch_size, "lr": lr, "warmup": warmup,
-            "aux_weight": aux_weight, "extra_turns": extra_turns, "focus": list(focus), "mix": mix,
-            "video_share": video_share,
-            "minutes": (time.time() - t0) / 60, "continued_from": previous,
-            "first_loss": float(np.mean(losses[:5])), "final_loss": float(np.mean(losses[-100:])),
-            "final_token_loss": float(np.mean(token_losses[-100:])) if token_losses else None,
-            "params": sum(p.numel() for p in model.parameters())}
-    (out / "training.json").write_text(json.dumps(info, indent=2))
-    plot_loss(losses, out / "loss.png")
-    return info
+        if save_every and (step + 1) % save_every == 0 and step + 1 < steps:
+            save(step + 1)  # a usable checkpoint if the run is stopped early; training.json says how far
+            model.train()
+    return save(steps)
 
 
 def refusal(out: Path, seed: int, overwrite_bundled: bool) -> str | None:
@@ -452,6 +461,8 @@ def main(argv=None) -> int:
                     help="classic: the first generator and the presets; varied: mostly the many styles and phrasings")
     ap.add_argument("--video-share", type=float, default=0.0,
                     help="share of the samples that are generated clips (the video task; 0: none)")
+    ap.add_argument("--save-every", type=int, default=0,
+                    help="also write the checkpoint every this many steps (0: only at the end)")
     args = ap.parse_args(argv)
     reason = refusal(args.out, args.seed, args.overwrite_bundled)
     if reason:
@@ -461,7 +472,7 @@ def main(argv=None) -> int:
 
     info = train(args.out, args.steps, args.seed, args.batch_size, args.lr, args.threads or _physical_cores(),
                  args.init, args.warmup, args.aux_weight, args.extra_turns, tuple(args.focus), args.mix,
-                 args.video_share)
+                 args.video_share, args.save_every)
     print(json.dumps(info, indent=2))
     return 0
 
