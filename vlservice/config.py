@@ -50,7 +50,7 @@ class Settings:
     model: str = ""  # VL_MODEL: hub id, local dir or "demo"; empty = default hub model, else demo
     cache_dir: str = field(default_factory=_default_cache_dir)
     vision_backend: str = "onnx-int8"
-    llm_quant: str = ""  # "" (float32) or "int8" (opt-in; see vlservice/engine/quant.py)
+    llm_quant: str = ""  # "" (float32), opt-in "int8" (engine/quant.py) or "int4" (engine/ortdecode.py)
     llm_prepack: bool = True  # float32 LLM: weights reordered once for oneDNN (faster small-batch products)
     threads: int = 0  # 0 = physical cores / workers
     workers: int = 1  # Gunicorn worker processes (read here to split the cores between them)
@@ -143,8 +143,8 @@ class Settings:
             raise ValueError(
                 f"VL_VISION_BACKEND must be one of {', '.join(VISION_BACKENDS)}, got {self.vision_backend!r}"
             )
-        if self.llm_quant not in ("", "none", "int8"):
-            raise ValueError(f"VL_LLM_QUANT must be empty or int8, got {self.llm_quant!r}")
+        if self.llm_quant not in ("", "none", "int8", "int4"):
+            raise ValueError(f"VL_LLM_QUANT must be empty, int8 or int4, got {self.llm_quant!r}")
         for f in fields(self):  # no count, size or timeout means anything below zero
             if f.type in ("int", "float") and getattr(self, f.name) < 0:
                 raise ValueError(f"VL_{f.name.upper()} must be >= 0, got {getattr(self, f.name)}")

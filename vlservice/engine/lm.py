@@ -56,6 +56,9 @@ class LeanLM:
     def new_kv(self, capacity: int = 0) -> SeqKV:
         return SeqKV(len(self.layers), self.kv_heads, self.head_dim, self.dtype, capacity)
 
+    def release(self, kv: SeqKV) -> None:
+        """A sequence left the batch (nothing to do here; see `ortdecode.SplitLM`)."""
+
     # ----------------------------------------------------------------- passes
     def decode(self, tokens: list[int], kvs: list[SeqKV], pos: list[SeqPos]) -> torch.Tensor:
         """One token for each sequence; returns float32 logits (B, vocab). Advances caches and

@@ -483,6 +483,8 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
         kv = seq.kv
+        if kv is not None:
+            self.lean.release(kv)  # its storage its own again (ortdecode's batch arena)
         if kv is not None and kv.length:
             whole = kv.length >= len(seq.prompt)  # the prompt's logits belong to a whole prompt only
             self.service.kv.put(np.asarray(seq.fed[:kv.length], dtype=np.int64),

@@ -39,6 +39,7 @@ from .counters import Counters
 from .decoder import Decoder
 from .generation import Generation
 from .lm import LeanLM, SeqPos
+from .ortdecode import SplitLM
 from .heap import malloc_trim, release_file_pages
 from .prompt import build_prompt
 from .scheduler import Scheduler
@@ -71,7 +72,9 @@ class VLModelService:
         self.quantize_s = 0.0
         self.llm_int8_stats: dict = {}
         self.prepack_stats: dict = {}
-        if model is None and settings.llm_quant == "int8":
+        # int4: the prompts run through the INT8 LLM, the tokens through ONNX Runtime (ortdecode.py)
+        self.torch_quant = "int8" if settings.llm_quant in ("int8", "int4") else ""
+        if model is None and self.torch_quant == "int8":
             from .quant import load_int8_model
             from .vision import onnx_ready
 
@@ -84,11 +87,11 @@ class VLModelService:
                 from .quant import prepack_llm
 
                 self.prepack_stats = prepack_llm(model, path)
-        elif settings.llm_quant == "int8":  # a shared float model (the benchmark): quantise in place
+        elif self.torch_quant == "int8":  # a shared float model (the benchmark): quantise in place
             from .quant import quantize_llm_int8
 
             self.quantize_s = quantize_llm_int8(model)
-        if settings.llm_quant == "int8":
+        if self.torch_quant == "int8":
             from .quant import fuse_int8_projections, make_rows_independent
 
             make_rows_independent(model)  # a request's answer must not depend on who shares its batch
@@ -99,7 +102,8 @@ class VLModelService:
         eos = gen.eos_token_id if isinstance(gen.eos_token_id, (list, tuple)) else [gen.eos_token_id]
         eos = [e for e in eos if e is not None] or [self.tokenizer.eos_token_id]
         self.decoder = Decoder(self.model, eos)
-        self.lean = LeanLM(self.model)
+        self.lean: LeanLM | SplitLM = LeanLM(self.model)
+        self.decoder_stats: dict = {}  # the ONNX decoder's build (int4)
         self.generation_defaults = {
             "temperature": float(getattr(gen, "temperature", None) or 0.0) if gen.do_sample else 0.0,
             "top_p": float(getattr(gen, "top_p", None) or 1.0),
@@ -150,6 +154,10 @@ class VLModelService:
         if self.settings.vision_backend != "torch":
             _, self.export_stats = ensure_onnx(self.source.path, self.model.model.visual,
                                                self.settings.cache_path, self.settings.vision_backend)
+        if self.settings.llm_quant == "int4":
+            from .ortdecode import ensure_decoder
+
+            _, self.decoder_stats = ensure_decoder(self.source.path, self.settings.cache_path)
 
     def start(self) -> "VLModelService":
         """Threads, encoder session, caches and warm-up: after the fork, in each worker."""
@@ -167,6 +175,8 @@ class VLModelService:
         self.encoder, stats = load_encoder(self.settings.vision_backend, self.source.path,
                                            self.model.model.visual, self.settings.cache_path, threads)
         self.export_stats = {**stats, **{k: v for k, v in self.export_stats.items() if v}}
+        if self.settings.llm_quant == "int4":
+            self._open_decoder(threads)
         disk_dir = self.settings.cache_path / "features" if self.settings.disk_cache_mb > 0 else None
         if self.settings.redis_url:  # a connection pool per worker: sockets do not survive a fork
             self.shared = SharedStore(self.settings.redis_url, f"vlservice:{self.model_fp[:16]}",
@@ -184,6 +194,15 @@ class VLModelService:
         self.ready = True
         log.info("ready: vision=%s threads=%d warm-up %.1f s", self.encoder.name, threads, self.warmup_s)
         return self
+
+    def _open_decoder(self, threads: int) -> None:
+        """The ONNX Runtime decoder (its session after the fork: thread pools are not fork-safe)."""
+        from .ortdecode import OrtDecoder, ensure_decoder
+
+        path, stats = ensure_decoder(self.source.path, self.settings.cache_path)
+        self.decoder_stats = {**stats, **{k: v for k, v in self.decoder_stats.items() if v}}
+        lean = self.lean.lean if isinstance(self.lean, SplitLM) else self.lean
+        self.lean = SplitLM(lean, OrtDecoder(path, lean.embed, threads))
 
     def drain(self) -> None:
         """Take no new requests (they get 503 `draining`, to be retried elsewhere); the running and

@@ -121,6 +121,51 @@ def parts(lean, batch: int, reps: int) -> dict:
     return {k: round(v, 2) for k, v in out.items()}
 
 
+def ort_parts(split, path: Path, threads: int, batch: int, reps: int) -> dict:
+    """int4 (`ortdecode.SplitLM`): the decode call timed as `parts` times the lean step, and the
+    products (MatMulNBits) and attention (GroupQueryAttention) from ONNX Runtime's own profile of
+    the same graph on the same caches (a second session, profiling on): per-run means."""
+    from ..engine.lm import SeqPos
+    from ..engine.ortdecode import OrtDecoder
+
+    kvs = _filled_kvs(split, batch, CONTEXT)
+    pos = [SeqPos(next_pos=CONTEXT) for _ in range(batch)]
+    tokens = [100 + i for i in range(batch)]
+
+    def stepper(decoder):
+        def run():
+            decoder.decode(tokens, kvs, pos)
+            for kv, p in zip(kvs, pos):
+                kv.length = CONTEXT
+                p.next_pos = CONTEXT
+        return run
+
+    step_ms = _median_ms(stepper(split.decoder), reps)
+    split.decoder.release_all()
+    profiled = OrtDecoder(path, split.embed, threads, profile=True)
+    _median_ms(stepper(profiled), reps)
+    profiled.release_all()
+    ops = _profile_ops(profiled.session.end_profiling(), skip=2)
+    kernels, attention = ops.get("MatMulNBits", 0.0), ops.get("GroupQueryAttention", 0.0)
+    out = {"kernels_ms": kernels, "attention_ms": attention, "lean_step_ms": step_ms,
+           "other_ms": step_ms - kernels - attention, "ops_ms": sum(ops.values())}
+    return {k: round(v, 2) for k, v in out.items()}
+
+
+def _profile_ops(trace: str, skip: int) -> dict:
+    """Mean milliseconds per run by operator type in an ONNX Runtime profile, the first `skip`
+    runs (warm-up) left out."""
+    events = json.loads(Path(trace).read_text())
+    Path(trace).unlink()
+    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")[skip:]
+    totals: dict = {}
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and any(a <= e["ts"] <= b for a, b in runs):
+            op = e["args"]["op_name"]
+            totals[op] = totals.get(op, 0.0) + e["dur"] / 1e3
+    return {op: t / max(len(runs), 1) for op, t in totals.items()}
+
+
 def service_cycle(svc, batch: int, tokens: int) -> dict:
     """B text requests decoding together through the service: the scheduler's cycle at B."""
     from ..engine.types import ChatRequest, Message, Sampling
@@ -179,7 +224,7 @@ def reference(model_dir: Path, llm: str, cache_dir: Path, n: int) -> tuple[list,
     from ..engine.lm import LeanLM
     from ..engine.quant import load_int8_model, make_rows_independent
 
-    if llm == "float32":
+    if llm in ("float32", "int4"):  # int4 is compared with float32 itself
         model = Qwen3VLForConditionalGeneration.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     else:
         model, _ = load_int8_model(model_dir, cache_dir, need_vision=False)
@@ -220,7 +265,13 @@ def measure_llm(model_dir: Path, llm: str, batches: list, reps: int, tokens: int
             out["parity"] = parity(ref, greedy(svc.lean, PARITY_PROMPT, parity_tokens))
             log.info("%s parity with the reference: %s", llm, out["parity"])
         for b in batches:
-            row = parts(svc.lean, b, reps)
+            if llm == "int4":
+                from ..engine.ortdecode import ensure_decoder
+
+                path, _ = ensure_decoder(model_dir, cache_dir)
+                row = ort_parts(svc.lean, path, settings.num_threads, b, reps)
+            else:
+                row = parts(svc.lean, b, reps)
             row["service"] = service_cycle(svc, b, tokens)
             cycle = row["service"].get("cycle_ms")
             row["floor_share"] = round(row["kernels_ms"] / cycle, 3) if cycle else None
@@ -247,7 +298,8 @@ def markdown(report: dict) -> str:
             lines.append(f"| {llm} | {b} | {r['kernels_ms']} | {r['attention_ms']} | {r['other_ms']} | {r['lean_step_ms']} "
                          f"| {s.get('forward_ms', '')} | {cycle or ''} | {'%.0f%%' % (100 * r['floor_share']) if cycle else ''} "
                          f"| {'%.1f' % (1e3 / cycle) if cycle else ''} | {'%.1f' % (int(b) * 1e3 / cycle) if cycle else ''} |")
-    refs = {"float32": "plain nn.Linear weights", "int8": "seven separate INT8 products per layer"}
+    refs = {"float32": "plain nn.Linear weights", "int8": "seven separate INT8 products per layer",
+            "int4": "float32 (plain nn.Linear weights)"}
     checks = [(llm, r["parity"]) for llm, r in report["llms"].items() if r["parity"]]
     if checks:
         lines += ["", "Answers against the reference (a 64-token text prompt, greedy):", "",
@@ -264,7 +316,7 @@ def main(argv=None) -> int:
     from .concurrency import start_report
 
     ap = argparse.ArgumentParser(prog="python -m vlservice bench --decode", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--llm", default="float32,int8", help="comma-separated: float32, int8")
+    ap.add_argument("--llm", default="float32,int8,int4", help="comma-separated: float32, int8, int4")
     ap.add_argument("--batches", default="1,2,4")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--tokens", type=int, default=48)
