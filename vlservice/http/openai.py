@@ -13,7 +13,7 @@ from flask import Blueprint, Response, g, request
 
 from ..engine.grounding import GroundingParser, grounding, parse
 from ..errors import InvalidRequest, NotFound
-from ..protocol import parse_chat
+from ..protocol import load_body, parse_chat
 from .context import current
 from .disconnect import cancel_on_disconnect, watch_stream
 from .session import session_key
@@ -60,10 +60,10 @@ def _count_chat(response: Response) -> Response:
 def chat_completions():
     ctx = current()
     record = g.chat_record = ctx.metrics.chat_started()
-    body = request.get_json(silent=True)
-    if body is None:
+    if not request.is_json:
         raise InvalidRequest("the request body must be valid JSON (Content-Type: application/json)",
                              code="invalid_json")
+    body = load_body(request.get_data(cache=False))  # over VL_MAX_REQUEST_BYTES: 413 (http/errors.py)
     req, opts = parse_chat(body, ctx.settings, ctx.service.generation_defaults, ctx.fetch_remote)
     session_key(body)  # echoed in the answer's X-Session-Id header
     priority = request.headers.get("X-Request-Priority", "default")
