@@ -18,6 +18,7 @@ payload is an image of the type it declares, remote URLs) is checked while build
 
 import base64
 import binascii
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,8 +43,10 @@ MEDIA_TYPES = {"image/png": "png", "image/jpeg": "jpeg", "image/jpg": "jpeg", "i
 VIDEO_TYPES = {"video/mp4": "mp4", "video/quicktime": "mp4", "video/webm": "webm", "video/x-matroska": "webm",
                "video/avi": "avi", "video/x-msvideo": "avi"}
 MAX_STOP = 4
+MAX_DEPTH = 32  # JSON nesting of a request body; a chat request needs 6
 MAX_STOP_CHARS = 64
 INTEGERS = ("max_tokens", "max_completion_tokens", "min_tokens", "top_k", "seed", "n")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON's decoder joins valid pairs, so any left is lone
 _DATA_URL = re.compile(r"^data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[^;,]*)*)(?P<b64>;base64)?,",
                        re.IGNORECASE)
 
@@ -294,14 +297,14 @@ _KINDS = {"string_type": "a string", "int_type": "an integer", "float_type": "a 
           "list_type": "a list", "model_type": "an object", "dict_type": "an object", "missing": "present"}
 
 
-def _param(loc) -> str:
+def _param(loc, tags: bool = True) -> str:
     """('messages', 0, 'UserMessage', 'content', ...) -> 'messages[0].content...' (union tags dropped:
-    ours are CamelCase, field names never are)."""
+    ours are CamelCase, field names never are; `tags=False` for a path of JSON keys, which may be)."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif not part[:1].isupper():
+        elif not (tags and part[:1].isupper()):
             out += ("." if out else "") + part
     return out
 
@@ -370,6 +373,50 @@ def _explain(err: dict, model) -> tuple[str, str, str]:
 
 # --------------------------------------------------------------------------- parse
 
+def load_body(raw: bytes):
+    """The request body's JSON. A parser error is the client's (400), never the server's: the
+    decoder recurses once per level, so a body nested some thousand levels deep raises
+    `RecursionError`, which is no `ValueError` and escaped as a 500 before."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise InvalidRequest(f"the request body is nested more than {MAX_DEPTH} levels deep",
+                             code="invalid_json") from None
+    except ValueError:  # UnicodeDecodeError included
+        raise InvalidRequest("the request body must be valid JSON (Content-Type: application/json)",
+                             code="invalid_json") from None
+
+
+def check_tree(body) -> None:
+    """Refuses, once for the whole body and before any field is read, what no later step can
+    handle: nesting deeper than `MAX_DEPTH` (validators and walkers recurse) and strings with a
+    lone UTF-16 surrogate (JSON's `"\\ud800"` decodes to one; it cannot be encoded as UTF-8, so the
+    tokenizer, the session hash and the answer's JSON would fail on it). Unknown fields too: the
+    body as a whole must be text this server can encode."""
+    stack = [(body, (), 0)]
+    while stack:
+        value, loc, depth = stack.pop()
+        if isinstance(value, str) and _SURROGATE.search(value):
+            raise _surrogate(loc, "")
+        if isinstance(value, (dict, list)):
+            if depth >= MAX_DEPTH:
+                raise InvalidRequest(f"the request body is nested more than {MAX_DEPTH} levels deep (at "
+                                     f"`{_param(loc, tags=False)}`)", code="invalid_json")
+            if isinstance(value, dict) and any(_SURROGATE.search(k) for k in value):
+                raise _surrogate(loc, "a key of ")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            stack.extend(reversed([(v, (*loc, k), depth + 1) for k, v in items]))  # the first fault is named
+
+
+def _surrogate(loc, where: str) -> InvalidRequest:
+    """The refusal of a lone surrogate at `loc`, naming the field (for a key, the object holding it)
+    and never echoing the string (it could not be written in the answer either)."""
+    p = _param(loc, tags=False)
+    return InvalidRequest(f"{where}`{p or 'the request body'}` holds a lone UTF-16 surrogate (a \\ud800-\\udfff "
+                          "escape without its pair): text must be valid Unicode", param=p or None,
+                          code="invalid_value")
+
+
 def parse_chat(body, settings: Settings, defaults: dict | None = None, fetch_remote=None) -> tuple[ChatRequest, dict]:
     """(request, options) where options has `stream`, `include_usage`, `include_stages`, `model`.
 
@@ -377,6 +424,7 @@ def parse_chat(body, settings: Settings, defaults: dict | None = None, fetch_rem
     what the request leaves unset; `fetch_remote(url, param) -> bytes`, or None to refuse http(s)."""
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object", param=None, code="invalid_json")
+    check_tree(body)
     model = request_model(settings)
     try:
         r = model.model_validate(body)

@@ -14,7 +14,7 @@ import pytest
 from vlservice.config import Settings
 from vlservice.errors import APIError
 from vlservice.http.openapi import spec
-from vlservice.protocol import parse_chat
+from vlservice.protocol import MAX_DEPTH, load_body, parse_chat
 
 SETTINGS = Settings(max_tokens_cap=512, max_images=2)
 PNG = "data:image/png;base64," + base64.b64encode(cv2.imencode(".png", np.zeros((8, 8, 3), np.uint8))[1]).decode()
@@ -155,6 +155,57 @@ def test_bounds_follow_the_settings():
     assert parse_chat({"messages": HI, "max_tokens": 16}, small)[0].sampling.max_tokens == 16
     assert refusal({"messages": user(IMG, IMG)}, small).code == "too_many_images"
     assert refusal({"messages": HI, "min_tokens": 9}, small).param == "min_tokens"  # default max_tokens 8
+
+
+LONE = "a\ud800b"
+TEXT_PART = {"type": "text", "text": LONE}
+# (body, param): a lone surrogate in every role, in text parts, in a field and in an ignored one
+SURROGATES = [
+    ({"messages": [{"role": "user", "content": LONE}]}, "messages[0].content"),
+    ({"messages": [{"role": "system", "content": LONE}] + HI}, "messages[0].content"),
+    ({"messages": [{"role": "developer", "content": [TEXT_PART]}] + HI}, "messages[0].content[0].text"),
+    ({"messages": HI + [{"role": "assistant", "content": "a\udfff"}]}, "messages[1].content"),
+    ({"messages": HI + [{"role": "assistant", "content": [TEXT_PART]}]}, "messages[1].content[0].text"),
+    ({"messages": user(IMG, {"type": "text", "text": "ok"}, TEXT_PART)}, "messages[0].content[2].text"),
+    ({"messages": [{"role": LONE, "content": "hi"}]}, "messages[0].role"),
+    ({"messages": HI, "stop": ["ok", LONE]}, "stop[1]"),
+    ({"messages": HI, "model": LONE}, "model"),
+    ({"messages": HI, "metadata": {"Note": [LONE]}}, "metadata.Note[0]"),
+    ({"messages": HI, "metadata": {LONE: 1}}, "metadata"),
+]
+
+
+@pytest.mark.parametrize("body,param", SURROGATES, ids=[p for _, p in SURROGATES])
+def test_lone_surrogates_are_refused_naming_the_field(body, param):
+    err = refusal(body)
+    assert (err.status, err.code, err.param) == (400, "invalid_value", param)
+    assert "surrogate" in err.message and err.message.encode("utf-8")  # never echoes the string
+
+
+def test_a_surrogate_pair_is_one_character_and_accepted():
+    req, _ = parse_chat(load_body(b'{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}'), SETTINGS)
+    assert req.messages[0].parts == ["\U0001f600"]
+
+
+def nested(depth: int):
+    body: list = []
+    for _ in range(depth - 1):
+        body = [body]
+    return body
+
+
+def test_deep_bodies_are_refused_as_invalid_json():
+    raw = b"[" * 10_000 + b"]" * 10_000  # the decoder raises RecursionError at about 1000
+    for err in (pytest.raises(APIError, load_body, raw).value,
+                refusal({"messages": HI, "metadata": nested(MAX_DEPTH)})):
+        assert (err.status, err.code, err.param) == (400, "invalid_json", None)
+        assert f"more than {MAX_DEPTH} levels" in err.message
+    assert parse_chat({"messages": HI, "metadata": nested(MAX_DEPTH - 1)}, SETTINGS)[0].messages
+
+
+def test_bodies_that_are_not_json_text_are_refused():
+    for raw in (b"{not json", b"\xff\xfe\x00", b'{"a": "\\ud800'):
+        assert pytest.raises(APIError, load_body, raw).value.code == "invalid_json"
 
 
 # --------------------------------------------------------------------------- the document agrees

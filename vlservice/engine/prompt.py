@@ -1,10 +1,15 @@
 """The chat template to tokens: one placeholder per image expanded to its number of tokens, one
-per video to its timestamped frame patches (as `Qwen3VLProcessor` expands them)."""
+per video to its timestamped frame patches (as `Qwen3VLProcessor` expands them). What a client
+wrote is tokenized as text: only the template's own markers are control tokens."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
+
+from tokenizers import Tokenizer
 
 IMAGE_PAD = "<|image_pad|>"
 VIDEO_PAD = "<|video_pad|>"
@@ -58,18 +63,93 @@ def render_chat(tokenizer, messages: list[dict]) -> str:
 def build_prompt(tokenizer, messages: list[dict], image_tokens: list[int], image_grids: list,
                  videos: tuple | list = ()) -> Prompt:
     """Expand each image placeholder to its number of tokens and each video placeholder to its
-    text (`videos`: (placeholder text, grid) per video, see `video.placeholder`), then tokenize."""
-    text = render_chat(tokenizer, messages)
-    pieces = re.split(f"({re.escape(IMAGE_PAD)}|{re.escape(VIDEO_PAD)})", text)
-    kinds = ["image" if p == IMAGE_PAD else "video" for p in pieces[1::2]]
+    text (`videos`: (placeholder text, grid) per video, see `video.placeholder`), then tokenize.
+
+    The template is rendered with every client text replaced by a slot (`_hide`), so only the
+    template's own markers become control tokens and only its media slots are counted; the texts
+    are spliced back in as text (`encode`): a typed `<|im_start|>` or `<|image_pad|>` is text to the
+    model, as in OpenAI's API, and can neither forge a turn nor claim an image's place."""
+    texts: list[str] = []
+    runs = _SLOT.split(render_chat(tokenizer, _hide(messages, texts)))  # template, slot index, template, ...
+    kinds = ["image" if p == IMAGE_PAD else "video" for run in runs[0::2] for p in _MEDIA.findall(run)]
     if kinds.count("image") != len(image_tokens) or kinds.count("video") != len(videos):
         raise ValueError(f"the chat template produced {kinds.count('image')} image and {kinds.count('video')} "
                          f"video slots for {len(image_tokens)} images and {len(videos)} videos")
     images, clips = iter(image_tokens), iter(videos)
-    out = [pieces[0]]
-    for kind, rest in zip(kinds, pieces[2::2]):
-        out.append(IMAGE_PAD * next(images) if kind == "image" else next(clips)[0])
-        out.append(rest)
-    ids = tokenizer("".join(out), add_special_tokens=False)["input_ids"]
-    return Prompt(input_ids=ids, image_grids=list(image_grids), video_grids=[tuple(g) for _, g in videos],
-                  media=kinds)
+
+    def expand(slot: re.Match) -> str:
+        return IMAGE_PAD * next(images) if slot.group() == IMAGE_PAD else next(clips)[0]
+
+    segments = [(texts[int(run)], False) if i % 2 else (_MEDIA.sub(expand, run), True) for i, run in enumerate(runs)]
+    return Prompt(input_ids=encode(tokenizer, segments), image_grids=list(image_grids),
+                  video_grids=[tuple(g) for _, g in videos], media=kinds)
+
+
+# A client text's slot in the rendered template: NUL never comes from the template, and the texts
+# are not in the rendered string at all, so a client cannot write one.
+_SLOT = re.compile("\x00([0-9]+)\x00")
+_MEDIA = re.compile(f"{re.escape(IMAGE_PAD)}|{re.escape(VIDEO_PAD)}")
+
+
+def _hide(messages: list[dict], texts: list[str]) -> list[dict]:
+    """`messages` with each text (a string content or a text part's `text`) moved to `texts` and
+    replaced by its slot: the template then cannot see, split or match on what a client wrote."""
+
+    def slot(text: str) -> str:
+        texts.append(text)
+        return f"\x00{len(texts) - 1}\x00"
+
+    def parts(content):
+        if isinstance(content, str):
+            return slot(content)
+        if isinstance(content, list):
+            return [{**p, "text": slot(p["text"])} if isinstance(p.get("text"), str) else p for p in content]
+        return content
+
+    return [{**m, "content": parts(m.get("content"))} for m in messages]
+
+
+@dataclass(frozen=True)
+class _Vocab:
+    plain: Tokenizer  # the same tokenizer without its added tokens: everything it reads is text
+    controls: re.Pattern  # the added tokens' strings, longest first (one capture group)
+    ids: dict  # added token string -> id
+
+
+@lru_cache(maxsize=8)
+def _vocab(tokenizer) -> _Vocab:
+    """Built once per tokenizer. The plain tokenizer is the checkpoint's own (normalizer, pre-
+    tokenizer, BPE) minus the added vocabulary, so text between markers gets exactly the ids the
+    full tokenizer gives it; `split_special_tokens` would still match the non-special added tokens
+    (`<think>`, `<tool_call>`)."""
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    spec.update(added_tokens=[], truncation=None, padding=None)
+    ids = dict(tokenizer.added_tokens_encoder)
+    names = sorted(ids, key=len, reverse=True)
+    return _Vocab(Tokenizer.from_str(json.dumps(spec)), re.compile(f"({'|'.join(map(re.escape, names))})"), ids)
+
+
+def encode(tokenizer, segments: list[tuple[str, bool]]) -> list[int]:
+    """Token ids of (text, trusted) segments in order: the added tokens' strings in a trusted
+    segment (the template's, the server's) are control tokens; everything else is text, and
+    neighbouring text is tokenized as one string, so a prompt without typed markers gets the ids
+    the full tokenizer gives the rendered template."""
+    vocab = _vocab(tokenizer)
+    ids: list[int] = []
+    text: list[str] = []
+
+    def flush() -> None:
+        if text:
+            ids.extend(vocab.plain.encode("".join(text), add_special_tokens=False).ids)
+            text.clear()
+
+    for segment, trusted in segments:
+        pieces = vocab.controls.split(segment) if trusted else [segment]
+        for i, piece in enumerate(pieces):
+            if i % 2:
+                flush()
+                ids.append(vocab.ids[piece])
+            else:
+                text.append(piece)
+    flush()
+    return ids

@@ -10,10 +10,11 @@ import json
 import time
 
 from flask import Blueprint, Response, g, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..engine.grounding import GroundingParser, grounding, parse
 from ..errors import InvalidRequest, NotFound
-from ..protocol import parse_chat
+from ..protocol import load_body, parse_chat
 from .context import current
 from .disconnect import cancel_on_disconnect, watch_stream
 from .session import session_key
@@ -60,10 +61,10 @@ def _count_chat(response: Response) -> Response:
 def chat_completions():
     ctx = current()
     record = g.chat_record = ctx.metrics.chat_started()
-    body = request.get_json(silent=True)
-    if body is None:
+    if not request.is_json:
         raise InvalidRequest("the request body must be valid JSON (Content-Type: application/json)",
                              code="invalid_json")
+    body = load_body(_read_body())
     req, opts = parse_chat(body, ctx.settings, ctx.service.generation_defaults, ctx.fetch_remote)
     session_key(body)  # echoed in the answer's X-Session-Id header
     priority = request.headers.get("X-Request-Priority", "default")
@@ -91,6 +92,17 @@ def chat_completions():
     if boxes:
         body["grounding"] = boxes
     return Response(json.dumps(body, ensure_ascii=False), mimetype="application/json", headers=headers)
+
+
+def _read_body() -> bytes:
+    """The request body, at most `MAX_CONTENT_LENGTH` bytes, else a 413 (http/errors.py). Werkzeug
+    refuses a larger Content-Length, but a chunked body (no Content-Length) it cuts at the limit
+    without a word, so a body over the limit became a JSON error (400) from its first part."""
+    data = request.get_data(cache=False)
+    limit = request.max_content_length
+    if limit is not None and len(data) >= limit and request.input_stream.read(1):
+        raise RequestEntityTooLarge()
+    return data
 
 
 def _chunk(gen, model, delta=None, finish=None, **extra) -> str:
