@@ -60,7 +60,7 @@ def test_empty_environment_gives_the_defaults():
 
 @pytest.mark.parametrize("env, message", [
     ({"VL_VISION_BACKEND": "onnx"}, "VL_VISION_BACKEND must be one of onnx-int8, onnx-fp32, torch"),
-    ({"VL_LLM_QUANT": "int4"}, "VL_LLM_QUANT must be empty or int8"),
+    ({"VL_LLM_QUANT": "int3"}, "VL_LLM_QUANT must be empty, int8 or int4"),
     ({"VL_QUEUE_SIZE": "-1"}, "VL_QUEUE_SIZE must be >= 0, got -1"),
     ({"VL_QUEUE_TIMEOUT_S": "-0.5"}, "VL_QUEUE_TIMEOUT_S must be >= 0"),
     ({"VL_WORKERS": "0"}, "VL_WORKERS must be >= 1, got 0"),

@@ -55,7 +55,8 @@ def normalise(text: str) -> str:
 
 
 def run(model_dir: Path, n: int, seed: int, cache_dir: Path, threads: int = 0, backends=BACKENDS,
-        llm_int8: bool = False, batched: int = 0, plain_fp32: bool = False, sets_n: int = 0) -> dict:
+        llm_int8: bool = False, batched: int = 0, plain_fp32: bool = False, sets_n: int = 0,
+        llm_int4: bool = False) -> dict:
     """`batched` > 1: every question is also asked `batched` at a time (decoded together in one
     batch) and the answers are compared with those given one at a time. `plain_fp32`: also answer
     with the float32 LLM's plain `nn.Linear` weights (VL_LLM_PREPACK=false) and compare with the
@@ -77,6 +78,8 @@ def run(model_dir: Path, n: int, seed: int, cache_dir: Path, threads: int = 0, b
     runs = [(b, {"vision_backend": b}) for b in backends]
     if llm_int8:
         runs.append(("onnx-int8+llm-int8", {"vision_backend": "onnx-int8", "llm_quant": "int8"}))
+    if llm_int4:
+        runs.append(("onnx-int8+llm-int4", {"vision_backend": "onnx-int8", "llm_quant": "int4"}))
     if plain_fp32:
         runs.append(("onnx-int8+plain-fp32", {"vision_backend": "onnx-int8", "llm_prepack": False}))
     for name, overrides in runs:
@@ -165,6 +168,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS,
                     help="vision paths to measure (onnx-int8 also runs through the feature cache)")
     ap.add_argument("--llm-int8", action="store_true", help="also answer with the INT8 LLM (VL_LLM_QUANT=int8)")
+    ap.add_argument("--llm-int4", action="store_true", help="also answer with 4-bit decoding (VL_LLM_QUANT=int4)")
     ap.add_argument("--json", type=Path, default=None, help="also write the numbers to this file")
     ap.add_argument("--batched", type=int, default=0, metavar="N",
                     help="also ask N questions at a time and report how often the answers equal those given alone")
@@ -176,7 +180,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         result = run(args.model, args.n, args.seed, args.cache_dir or Path(tmp), backends=args.backends,
-                     llm_int8=args.llm_int8, batched=args.batched, plain_fp32=args.plain_fp32,
+                     llm_int8=args.llm_int8, llm_int4=args.llm_int4, batched=args.batched, plain_fp32=args.plain_fp32,
                      sets_n=args.n if args.sets_n is None else args.sets_n)
     print(markdown(result))
     if args.json:

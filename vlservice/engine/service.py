@@ -74,6 +74,11 @@ class VLModelService:
         self.prepack_stats: dict = {}
         # int4: the prompts run through the INT8 LLM, the tokens through ONNX Runtime (ortdecode.py)
         self.torch_quant = "int8" if settings.llm_quant in ("int8", "int4") else ""
+        self.decoder_stats: dict = {}
+        if settings.llm_quant == "int4":  # built before any weights are loaded: its peak memory is its own
+            from .ortdecode import ensure_decoder
+
+            _, self.decoder_stats = ensure_decoder(path, settings.cache_path)
         if model is None and self.torch_quant == "int8":
             from .quant import load_int8_model
             from .vision import onnx_ready
@@ -103,7 +108,6 @@ class VLModelService:
         eos = [e for e in eos if e is not None] or [self.tokenizer.eos_token_id]
         self.decoder = Decoder(self.model, eos)
         self.lean: LeanLM | SplitLM = LeanLM(self.model)
-        self.decoder_stats: dict = {}  # the ONNX decoder's build (int4)
         self.generation_defaults = {
             "temperature": float(getattr(gen, "temperature", None) or 0.0) if gen.do_sample else 0.0,
             "top_p": float(getattr(gen, "top_p", None) or 1.0),
@@ -154,10 +158,6 @@ class VLModelService:
         if self.settings.vision_backend != "torch":
             _, self.export_stats = ensure_onnx(self.source.path, self.model.model.visual,
                                                self.settings.cache_path, self.settings.vision_backend)
-        if self.settings.llm_quant == "int4":
-            from .ortdecode import ensure_decoder
-
-            _, self.decoder_stats = ensure_decoder(self.source.path, self.settings.cache_path)
 
     def start(self) -> "VLModelService":
         """Threads, encoder session, caches and warm-up: after the fork, in each worker."""
@@ -450,9 +450,10 @@ class VLModelService:
     def info(self) -> dict:
         return {
             "model": self.model_name, "demo": self.is_demo, "demo_notice": DEMO_NOTICE if self.is_demo else None,
-            "vision_backend": self.settings.vision_backend, "threads": self.settings.num_threads,
-            "load_s": round(self.load_s, 2), "warmup_s": round(self.warmup_s, 2), "ready": self.ready,
-            "export": self.export_stats,
+            "vision_backend": self.settings.vision_backend, "llm": self.settings.llm_quant or "float32",
+            "threads": self.settings.num_threads, "load_s": round(self.load_s, 2),
+            "warmup_s": round(self.warmup_s, 2), "ready": self.ready,
+            "export": self.export_stats, **({"llm_decoder": self.decoder_stats} if self.decoder_stats else {}),
         }
 
     def stats(self) -> dict:

@@ -420,7 +420,7 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m vlservice bench --concurrency", description=__doc__.split("\n\n")[0])
     ap.add_argument("--concurrency", default="1,2,4,8")
-    ap.add_argument("--llm", default="float32,int8", help="comma-separated: float32, int8")
+    ap.add_argument("--llm", default="float32,int8", help="comma-separated: float32, int8, int4 (llama.cpp: Q4_K_M)")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--stagger", type=float, default=0.3, help="seconds between client starts")
     ap.add_argument("--quick", action="store_true", help="the same code on a tiny checkpoint")

@@ -6,7 +6,9 @@ Everything is built here, once, and cached under `VL_CACHE_DIR/llama.cpp/`:
   vendored llama.cpp is compiled with cmake for this CPU (`GGML_NATIVE`): `llama-server` only;
 - the model, from the same checkpoint our server loads, converted with llama.cpp's own
   `convert_hf_to_gguf.py` (its `gguf` package from the same source): the language model as
-  `f32` (beside our float32 LLM) or `q8_0` (beside our INT8 LLM), the vision projector as `f16`.
+  `f32` (beside our float32 LLM) or `q8_0` (beside our INT8 LLM), the vision projector as `f16`;
+  beside our 4-bit LLM, `Q4_K_M` (what Ollama and LM Studio users run by default), made by
+  llama.cpp's own `llama-quantize` from that `f32` file.
 
 `LlamaServer` has the interface of `concurrency.Server` (`url`, `wait_ready`, `stop`) and speaks
 the same OpenAI chat API, so the same clients measure both. Requests to it add `ignore_eos`, the
@@ -29,7 +31,8 @@ from .concurrency import Server
 log = logging.getLogger(__name__)
 
 PACKAGE = "llama-cpp-python"
-LLM_TYPES = {"float32": "f32", "int8": "q8_0"}  # our LLM -> the GGUF type it is compared with
+LLM_TYPES = {"float32": "f32", "int8": "q8_0", "int4": "q4_k_m"}  # our LLM -> the GGUF type beside it
+QUANTIZED = {"q4_k_m": "Q4_K_M"}  # types llama-quantize makes from the f32 file (the converter cannot)
 
 
 def _source(root: Path) -> Path:
@@ -58,8 +61,9 @@ def ensure_server(cache_dir: Path) -> tuple[Path, Path]:
         subprocess.run(["cmake", "-S", str(src), "-B", str(src / "build"), "-DCMAKE_BUILD_TYPE=Release",
                         "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                         "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON"], check=True, capture_output=True)
+    if not binary.is_file() or not (src / "build" / "bin" / "llama-quantize").is_file():
         subprocess.run(["cmake", "--build", str(src / "build"), "-j", str(os.cpu_count() or 2),
-                        "--target", "llama-server"], check=True, capture_output=True)
+                        "--target", "llama-server", "llama-quantize"], check=True, capture_output=True)
     return binary, src
 
 
@@ -73,6 +77,8 @@ def ensure_gguf(model_dir: Path, cache_dir: Path, llm: str) -> tuple[Path, Path]
     out.mkdir(parents=True, exist_ok=True)
     outtype = LLM_TYPES[llm]
     text, mmproj = out / f"model-{outtype}.gguf", out / "mmproj-f16.gguf"
+    if outtype in QUANTIZED:
+        return _quantized(ensure_gguf(model_dir, cache_dir, "float32")[0], text, src), mmproj
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src / "gguf-py"), os.environ.get("PYTHONPATH", "")])}
     for path, extra in ((text, ["--outtype", outtype]), (mmproj, ["--mmproj", "--outtype", "f16"])):
         if path.is_file():
@@ -85,6 +91,20 @@ def ensure_gguf(model_dir: Path, cache_dir: Path, llm: str) -> tuple[Path, Path]
             raise RuntimeError(f"converting to {path.name} failed: {proc.stderr[-2000:]}")
         os.replace(tmp, path)
     return text, mmproj
+
+
+def _quantized(f32: Path, path: Path, src: Path) -> Path:
+    """`path` (model-<type>.gguf) quantized from the f32 GGUF by llama.cpp's `llama-quantize`, once."""
+    if not path.is_file():
+        kind = QUANTIZED[path.stem.split("-", 1)[1]]
+        log.info("quantizing %s to %s", f32.name, kind)
+        tmp = path.with_suffix(".part")
+        proc = subprocess.run([str(src / "build" / "bin" / "llama-quantize"), str(f32), str(tmp), kind],
+                              capture_output=True, text=True)
+        if proc.returncode != 0 or not tmp.is_file():
+            raise RuntimeError(f"llama-quantize to {kind} failed: {proc.stderr[-2000:]}")
+        os.replace(tmp, path)
+    return path
 
 
 class LlamaServer(Server):
