@@ -190,6 +190,13 @@ def cmd_export(args) -> int:
         if not stats.get("export_s") and not stats.get("quantize_s"):
             timing += " (already exported)"
         print(f"{backend}: {path}  {_size(int(stats.get('file_bytes', 0)))}  {timing}", flush=True)
+    if service.decoder_stats:  # VL_LLM_QUANT=int4: the 4-bit decoder graph, built when the service loaded
+        from .engine.ortdecode import ensure_decoder
+
+        path, stats = ensure_decoder(service.source.path, settings.cache_path)
+        built = service.decoder_stats.get("export_s", 0.0)
+        print(f"llm-int4: {path}  {_size(int(stats['file_bytes']))}  "
+              + (f"built {built:.1f} s" if built else "(already built)"), flush=True)
     return EXIT_OK
 
 
@@ -390,8 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_make_test_model)
 
     p = sub.add_parser("export", help="export the vision encoder of VL_MODEL to ONNX (and INT8)",
-                       description="Load VL_MODEL and build the ONNX vision encoder files under VL_CACHE_DIR; "
-                                   "prints path, size and export/quantize seconds.")
+                       description="Load VL_MODEL and build the ONNX vision encoder files under VL_CACHE_DIR "
+                                   "(with VL_LLM_QUANT=int4, the 4-bit decoder graph too); prints path, size and "
+                                   "export/quantize seconds.")
     p.add_argument("--backend", choices=[*EXPORT_BACKENDS, "all"], default=None,
                    help="which files to build (default: VL_VISION_BACKEND, or onnx-int8)")
     p.set_defaults(func=cmd_export)

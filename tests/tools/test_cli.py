@@ -146,6 +146,21 @@ def test_export_fp32_prints_an_existing_path(cli_env):
     assert "export" in line and "quantize" in line
 
 
+def test_export_with_int4_builds_the_decoder_once_and_chat_answers_with_it(cli_env, image_path):
+    env = {**cli_env, "VL_LLM_QUANT": "int4"}
+    first = run_cli(env, "export", "--backend", "onnx-fp32")
+    assert first.returncode == 0, first.stderr
+    line = first.stdout.strip().splitlines()[-1]
+    assert line.startswith("llm-int4: ")
+    path = Path(line.split()[1])
+    assert path.is_file() and path.name == "model.onnx"
+    again = run_cli(env, "export", "--backend", "onnx-fp32")
+    assert again.returncode == 0 and "(already built)" in again.stdout.strip().splitlines()[-1]
+    r = run_cli(env, "chat", "--json", "--image", image_path, "--max-tokens", "5", "Describe this image.")
+    assert r.returncode == 0, r.stderr
+    assert 1 <= json.loads(r.stdout)["usage"]["completion_tokens"] <= 5
+
+
 def test_chat_json(cli_env, image_path):
     r = run_cli(cli_env, "chat", "--json", "--image", image_path, "--max-tokens", "5", "Describe this image.")
     assert r.returncode == 0, r.stderr

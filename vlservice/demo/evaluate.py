@@ -184,6 +184,10 @@ def main(argv=None) -> int:
                      sets_n=args.n if args.sets_n is None else args.sets_n)
     print(markdown(result))
     if args.json:
+        from ..config import Settings
+        from ..tools.concurrency import cpu_info, run_record
+
+        result.update(cpu=cpu_info(Settings().num_threads), **run_record())
         args.json.write_text(json.dumps(result, indent=2, ensure_ascii=False))
     return 0
 

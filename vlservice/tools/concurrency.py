@@ -184,7 +184,13 @@ def singles(url: str, photo, tokens: int, extra=None) -> dict:
             # llama-server reports no separate encode: its prompt time includes the image's
             "vision_encode_ms": (round(statistics.median(r["timings"]["vision_encode_ms"] for r in ok), 1)
                                  if all("vision_encode_ms" in r["timings"] for r in ok) else None),
-            "ttft_s": round(statistics.median(r["ttft_s"] for r in ok), 2)}
+            "ttft_s": round(statistics.median(r["ttft_s"] for r in ok), 2),
+            # the whole answer up to its k-th token, as the client saw it (request sent to token k)
+            **{f"answer_{k}_s": round(statistics.median(r["stamps"][k - 1] - r["start"] for r in ok), 2)
+               for k in ANSWER_TOKENS if all(len(r["stamps"]) >= k for r in ok)}}
+
+
+ANSWER_TOKENS = (64, 128, 256)
 
 
 def server_env(model_dir: Path, llm: str, max_batch: int, batch: int, tokens: int) -> dict:
@@ -351,16 +357,18 @@ def markdown(report: dict) -> str:
     if single:
         plain = single.get("float32 plain", {})
         lines += ["", f"One stream at a time (medians of {SINGLE_RUNS}; prompt = the server's prefill of image and question):",
-                  "", "| LLM | decode tok/s | prompt ms | vision encode ms | first token s | decode vs plain float32 "
-                  "| prefill vs plain float32 |", "|---|---|---|---|---|---|---|"]
+                  "", "| LLM | decode tok/s | prompt ms | vision encode ms | first token s | "
+                  + " | ".join(f"{k}-token answer s" for k in ANSWER_TOKENS)
+                  + " | decode vs plain float32 | prefill vs plain float32 |", "|---" * (7 + len(ANSWER_TOKENS)) + "|"]
         for key, row in single.items():
             if "decode_tps" not in row:
-                lines.append(f"| {key} | failed: {row.get('errors')} | | | | | |")
+                lines.append(f"| {key} | failed: {row.get('errors')} |" + " |" * (5 + len(ANSWER_TOKENS)))
                 continue
             dr = row["decode_tps"] / plain["decode_tps"] if plain.get("decode_tps") else None
             pr = plain["prompt_ms"] / row["prompt_ms"] if plain.get("prompt_ms") and row["prompt_ms"] else None
             encode = "(in prompt)" if row["vision_encode_ms"] is None else row["vision_encode_ms"]
-            lines.append(f"| {key} | {row['decode_tps']} | {row['prompt_ms']} | {encode} | {row['ttft_s']} "
+            answers = " | ".join(str(row.get(f"answer_{k}_s", "")) for k in ANSWER_TOKENS)
+            lines.append(f"| {key} | {row['decode_tps']} | {row['prompt_ms']} | {encode} | {row['ttft_s']} | {answers} "
                          f"| {'%.2fx' % dr if dr else ''} | {'%.2fx' % pr if pr else ''} |")
     if report["scenarios"]:
         lines += ["", "| LLM | lone request first token s | beside three streams s | ratio | document first token s "
@@ -412,8 +420,14 @@ def start_report(args) -> tuple:
     settings = Settings.from_env()
     args.out.mkdir(parents=True, exist_ok=True)
     model_dir, _ = bench_model(settings.cache_path, args.quick)
-    return settings, model_dir, {"cpu": cpu_info(settings.num_threads),
+    return settings, model_dir, {"cpu": cpu_info(settings.num_threads), **run_record(),
                                  "limits": machine_limits(settings.num_threads, args.quick)}
+
+
+def run_record() -> dict:
+    """When and by which command a report was made (every committed number names both)."""
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "command": "python -m vlservice " + " ".join(sys.argv[1:])}
 
 
 def main(argv=None) -> int:
