@@ -79,6 +79,32 @@ class TextDelta:
         return new
 
 
+class Sink:
+    """One request's tokens: each is written to the client by the thread that made it (the step loop or
+    VLMPipeline's streamer), so its time on the wire is the step's, whatever the other threads do."""
+
+    def __init__(self, t0: float, write=None):
+        self.t0, self.first, self.n, self.texts = t0, None, 0, []
+        self.write, self.gone, self.error, self.done = write, False, None, threading.Event()
+
+    def token(self, text: str) -> bool:
+        """Count and send one token's text; True once the client has gone (generation may stop)."""
+        self.n += 1
+        if self.first is None:
+            self.first = time.perf_counter() - self.t0
+        self.texts.append(text)
+        if self.write is not None and text and not self.gone:
+            try:
+                self.write(text)
+            except OSError:
+                self.gone = True
+        return self.gone
+
+    def finish(self, error: Exception | None = None) -> None:
+        self.error = error
+        self.done.set()
+
+
 class ContinuousBatching:
     """One thread adds waiting requests and steps the pipeline for all running ones."""
 
@@ -93,58 +119,78 @@ class ContinuousBatching:
         threading.Thread(target=self.loop, daemon=True).start()
 
     def loop(self) -> None:
-        running: list = []  # (handle, out queue, TextDelta)
+        running: list = []  # (handle, Sink, TextDelta)
         while True:
             new = [self.waiting.get()] if not running else []
             while not self.waiting.empty():
                 new.append(self.waiting.get_nowait())
-            for prompt, images, cfg, out in new:
+            for prompt, images, cfg, sink in new:
                 try:
                     self.next_id += 1
-                    running.append((self.pipe.add_request(self.next_id, prompt, images, cfg), out,
+                    running.append((self.pipe.add_request(self.next_id, prompt, images, cfg), sink,
                                     TextDelta(self.tokenizer)))
                 except Exception as e:  # noqa: BLE001 - a request it refuses fails alone
-                    out.put(e)
+                    sink.finish(e)
             if not running:
                 continue
             try:
                 self.pipe.step()
             except Exception as e:  # noqa: BLE001 - every waiting client hears of it
-                for _, out, _ in running:
-                    out.put(e)
+                for _, sink, _ in running:
+                    sink.finish(e)
                 running = []
                 continue
             still = []
-            for handle, out, delta in running:
+            for handle, sink, delta in running:
                 if handle.can_read():
                     for result in handle.read().values():
-                        out.put(delta.add(list(result.generated_ids)))
+                        if sink.token(delta.add(list(result.generated_ids))):
+                            handle.cancel()
                 if handle.get_status() == ov_genai.GenerationStatus.RUNNING:
-                    still.append((handle, out, delta))
+                    still.append((handle, sink, delta))
                 else:
-                    out.put(None)
+                    sink.finish()
             running = still
 
-    def generate(self, prompt, images, cfg, out: queue.Queue) -> None:
-        self.waiting.put((prompt, images, cfg, out))
+    def generate(self, prompt, images, cfg, sink: Sink) -> None:
+        self.waiting.put((prompt, images, cfg, sink))
+
+
+class TokenStreamer(ov_genai.StreamerBase):
+    """VLMPipeline's streamer that hands on every token (its own TextStreamer joins a word's pieces)."""
+
+    def __init__(self, sink: Sink, tokenizer):
+        super().__init__()
+        self.sink, self.delta = sink, TextDelta(tokenizer)
+
+    def write(self, token):
+        ids = [int(token)] if isinstance(token, int) else [int(t) for t in token]
+        for i in ids:
+            if self.sink.token(self.delta.add([i])):
+                return ov_genai.StreamingStatus.CANCEL
+        return ov_genai.StreamingStatus.RUNNING
+
+    def end(self):
+        pass
 
 
 class OneAtATime:
-    """VLMPipeline's `generate` under a lock, streamed through its callback."""
+    """VLMPipeline's `generate` under a lock (it takes one request at a time), streamed token by token."""
 
     def __init__(self, model: str, parallel: int, threads: int, cache_gb: float):
         self.pipe = ov_genai.VLMPipeline(model, "CPU", INFERENCE_NUM_THREADS=threads)
+        self.tokenizer = self.pipe.get_tokenizer()
         self.lock = threading.Lock()
 
-    def generate(self, prompt, images, cfg, out: queue.Queue) -> None:
+    def generate(self, prompt, images, cfg, sink: Sink) -> None:
         def run():
             try:
                 with self.lock:
                     self.pipe.generate(prompt, images=images, generation_config=cfg,
-                                       streamer=out.put)
-                out.put(None)
+                                       streamer=TokenStreamer(sink, self.tokenizer))
+                sink.finish()
             except Exception as e:  # noqa: BLE001
-                out.put(e)
+                sink.finish(e)
 
         threading.Thread(target=run, daemon=True).start()
 
@@ -178,39 +224,34 @@ class Handler(BaseHTTPRequestHandler):
             prompt, images, cfg = parse(body)
         except Exception as e:  # noqa: BLE001
             return self.send_json(400, {"error": {"message": f"bad request: {e}"}})
-        out: queue.Queue = queue.Queue()
-        STATE["engine"].generate(prompt, images, cfg, out)
-        if body.get("stream"):
+        stream = bool(body.get("stream"))
+        if stream:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")  # each event reaches the client as it is sent
             self.end_headers()
-        first, n, texts = None, 0, []
-        while True:
-            item = out.get()
-            if item is None:
-                break
-            if isinstance(item, Exception):
-                if body.get("stream"):
-                    self.event({"error": {"message": str(item)}})
-                    return self.end_chunks()
-                return self.send_json(500, {"error": {"message": str(item)}})
-            n += 1
-            if first is None:
-                first = time.perf_counter() - t0
-            texts.append(item)
-            if body.get("stream") and item:
-                self.event({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": item}}]})
+        sink = Sink(t0, (lambda text: self.event({"object": "chat.completion.chunk",
+                                              "choices": [{"index": 0, "delta": {"content": text}}]})) if stream else None)
+        STATE["engine"].generate(prompt, images, cfg, sink)
+        sink.done.wait()
+        if sink.error is not None:
+            if not stream:
+                return self.send_json(500, {"error": {"message": str(sink.error)}})
+            self.event({"error": {"message": str(sink.error)}})
+            return self.end_chunks()
+        first, n, texts = sink.first, sink.n, sink.texts
         total = time.perf_counter() - t0
         first = first if first is not None else total
-        timings = {"prompt_ms": round(first * 1000, 1), "predicted_n": n,
-                   "predicted_per_second": round((n - 1) / (total - first), 3) if n > 1 and total > first else None}
-        usage = {"completion_tokens": n}
         if "first_request_s" not in STATE:
             STATE["first_request_s"], STATE["first_token_s"] = round(total, 3), round(first, 3)
             print(f"first request (OpenVINO compiles then): first token {first:.2f} s, {n} tokens in {total:.2f} s",
                   flush=True)
-        if body.get("stream"):
+        if sink.gone:  # the client left; its generation was cancelled
+            return None
+        timings = {"prompt_ms": round(first * 1000, 1), "predicted_n": n,
+                   "predicted_per_second": round((n - 1) / (total - first), 3) if n > 1 and total > first else None}
+        usage = {"completion_tokens": n}
+        if stream:
             self.event({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {},
                         "finish_reason": "length"}], "usage": usage, "timings": timings})
             self.chunk(b"data: [DONE]\n\n")
