@@ -181,7 +181,7 @@ class OpenVinoServer(Server):
     ready_path = "/health"
 
     def __init__(self, python: Path, model: Path, parallel: int, threads: int, log_path: Path,
-                 pipeline: str = "cb", cache_gb: float = 2.0):
+                 pipeline: str = "cb", cache_gb: int = 1):
         from .services import free_port
 
         self.port = free_port()
@@ -205,3 +205,33 @@ def start_peer(model_dir: Path, cache_dir: Path, llm: str, parallel: int, thread
     python = ensure_env(cache_dir)
     model = ensure_export(model_dir, cache_dir, LLM_TYPES[llm], group_size or group_size_for(model_dir))
     return OpenVinoServer(python, model, parallel, threads, log_path, pipeline)
+
+
+def main(argv=None) -> int:
+    """Make the tool environment and the exports ahead of a benchmark (e.g. while the machine is quiet)."""
+    import argparse
+
+    from ..config import Settings
+
+    ap = argparse.ArgumentParser(prog="python -m vlservice.tools.openvino_peer", description=main.__doc__)
+    ap.add_argument("--model", type=Path, help="checkpoint folder (default: the benchmark's real-size one)")
+    ap.add_argument("--formats", default="int8,int4", help="comma-separated: int8, int4")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cache = Settings.from_env().cache_path
+    try:
+        ensure_env(cache)
+    except ToolEnvError as e:
+        print(f"openvino peer: {e}", file=sys.stderr)
+        return 2
+    if args.model is None:
+        from .workloads import bench_model
+
+        args.model, _ = bench_model(cache, False)
+    for fmt in args.formats.split(","):
+        print(ensure_export(args.model, cache, fmt, group_size_for(args.model)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -108,10 +108,10 @@ class Sink:
 class ContinuousBatching:
     """One thread adds waiting requests and steps the pipeline for all running ones."""
 
-    def __init__(self, model: str, parallel: int, threads: int, cache_gb: float):
+    def __init__(self, model: str, parallel: int, threads: int, cache_gb: int):
         sc = ov_genai.SchedulerConfig()
         sc.max_num_seqs = parallel
-        sc.cache_size = max(1, int(round(cache_gb)))
+        sc.cache_size = cache_gb
         self.pipe = ov_genai.ContinuousBatchingPipeline(model, sc, "CPU", {"INFERENCE_NUM_THREADS": threads})
         self.tokenizer = self.pipe.get_tokenizer()
         self.waiting: queue.Queue = queue.Queue()
@@ -177,7 +177,7 @@ class TokenStreamer(ov_genai.StreamerBase):
 class OneAtATime:
     """VLMPipeline's `generate` under a lock (it takes one request at a time), streamed token by token."""
 
-    def __init__(self, model: str, parallel: int, threads: int, cache_gb: float):
+    def __init__(self, model: str, parallel: int, threads: int, cache_gb: int):
         self.pipe = ov_genai.VLMPipeline(model, "CPU", INFERENCE_NUM_THREADS=threads)
         self.tokenizer = self.pipe.get_tokenizer()
         self.lock = threading.Lock()
@@ -280,7 +280,7 @@ def main(argv=None) -> int:
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pipeline", choices=["cb", "vlm"], default="cb")
-    ap.add_argument("--cache-gb", type=float, default=2.0, help="KV cache of the continuous-batching pipeline")
+    ap.add_argument("--cache-gb", type=int, default=1, help="KV cache of the continuous-batching pipeline")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     engine = (ContinuousBatching if args.pipeline == "cb" else OneAtATime)(args.model, args.parallel, args.threads,
