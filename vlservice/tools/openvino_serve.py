@@ -112,7 +112,9 @@ class ContinuousBatching:
         sc = ov_genai.SchedulerConfig()
         sc.max_num_seqs = parallel
         sc.cache_size = cache_gb
-        self.pipe = ov_genai.ContinuousBatchingPipeline(model, sc, "CPU", {"INFERENCE_NUM_THREADS": threads})
+        threads_only = {"INFERENCE_NUM_THREADS": threads}  # the vision encoder too (its own properties here)
+        self.pipe = ov_genai.ContinuousBatchingPipeline(model, sc, "CPU", properties=threads_only,
+                                                        vision_encoder_properties=threads_only)
         self.tokenizer = self.pipe.get_tokenizer()
         self.waiting: queue.Queue = queue.Queue()
         self.next_id = 0
