@@ -228,17 +228,7 @@ def measure(args, model_dir: Path, out: Path) -> dict:
         finally:
             server.stop()
     for llm in llms:
-        peer = peer_name = None
-        if args.peer:  # llama-server with `batch` slots, up beside ours: the same requests alternate
-            from ..config import Settings
-            from .peer import LLM_TYPES, start_peer
-
-            peer_name = f"llama.cpp {LLM_TYPES[llm]} -np {batch}"
-            settings = Settings.from_env()  # the same cache and thread count as ours
-            peer = start_peer(model_dir, settings.cache_path, llm, batch, settings.num_threads,
-                              out / f"llama-server-{llm}.log")
-            peer.wait_ready()
-            run_clients(peer.url, [(photo(), "Describe this image.")], 0, 4, PEER_BODY)
+        peer, peer_name = _start_peer(args, model_dir, llm, batch, out, report, photo) if args.peer else (None, None)
         try:
             for max_batch in sorted({1, batch}):
                 _measure_ours(report, model_dir, llm, max_batch, batch, levels, photo, doc_size, args, out,
@@ -253,6 +243,36 @@ def measure(args, model_dir: Path, out: Path) -> dict:
 
 
 PEER_BODY = {"ignore_eos": True}  # llama-server's way to force the token count (ours: min_tokens)
+
+
+def _start_peer(args, model_dir: Path, llm: str, batch: int, out: Path, report: dict, photo) -> tuple:
+    """(the peer server beside our `llm`, up and past its first request, its name), or (None, None) when
+    the peer has no weights of that kind: llama-server with `batch` slots, or OpenVINO GenAI (continuous
+    batching over `batch` sequences, or VLMPipeline one request at a time), up beside ours: the same
+    requests alternate."""
+    from ..config import Settings
+    from . import openvino_peer, peer as llama_cpp_peer
+
+    settings = Settings.from_env()  # the same cache and thread count as ours
+    peer_module = openvino_peer if args.peer == "openvino" else llama_cpp_peer
+    if args.peer == "openvino":
+        pipeline = args.openvino_pipeline
+        name = "OpenVINO {} " + (f"continuous batching x{batch}" if pipeline == "cb" else "VLMPipeline, one at a time")
+        kwargs: dict = {"pipeline": pipeline}
+    else:
+        name, kwargs = "llama.cpp {} -np " + str(batch), {}
+    if llm not in peer_module.LLM_TYPES:
+        log.info("%s has no weights beside our %s LLM: no peer run for it", args.peer, llm)
+        return None, None
+    peer_name = name.format(peer_module.LLM_TYPES[llm])
+    peer = peer_module.start_peer(model_dir, settings.cache_path, llm, batch, settings.num_threads,
+                                  out / f"{args.peer}-server-{llm}.log", **kwargs)
+    peer.wait_ready()
+    run_clients(peer.url, [(photo(), "Describe this image.")], 0, 4, PEER_BODY)
+    if hasattr(peer, "health"):  # OpenVINO compiles at its first request: reported apart
+        report.setdefault("peer_first_request", {})[peer_name] = peer.health()
+        log.info("%s first request: %s", peer_name, report["peer_first_request"][peer_name])
+    return peer, peer_name
 
 
 def _measure_ours(report, model_dir, llm, max_batch, batch, levels, photo, doc_size, args, out, peer, peer_name):
@@ -277,7 +297,7 @@ def _measure_ours(report, model_dir, llm, max_batch, batch, levels, photo, doc_s
                 log.info("%s, %d streams: %s", peer_name, n, peer_rows[str(n)])
         report["runs"][name] = {"llm": llm, "max_batch": max_batch, "levels": rows}
         if peer is not None:
-            report["runs"][peer_name] = {"llm": peer_name, "max_batch": f"-np {batch}", "levels": peer_rows,
+            report["runs"][peer_name] = {"llm": peer_name, "max_batch": batch, "levels": peer_rows,
                                          "peer_of": llm}
         if max_batch == 1:
             key = "float32 prepacked" if llm == "float32" else llm
@@ -370,6 +390,9 @@ def markdown(report: dict) -> str:
             answers = " | ".join(str(row.get(f"answer_{k}_s", "")) for k in ANSWER_TOKENS)
             lines.append(f"| {key} | {row['decode_tps']} | {row['prompt_ms']} | {encode} | {row['ttft_s']} | {answers} "
                          f"| {'%.2fx' % dr if dr else ''} | {'%.2fx' % pr if pr else ''} |")
+    for name, h in report.get("peer_first_request", {}).items():  # not in the rows above: a warm-up request
+        lines += ["", f"{name}: loaded in {h.get('load_s')} s; its first request (kernels compiled then, "
+                  f"not measured above): first token {h.get('first_token_s')} s, done in {h.get('first_request_s')} s"]
     if report["scenarios"]:
         lines += ["", "| LLM | lone request first token s | beside three streams s | ratio | document first token s "
                   "| a stream's longest gap while the document is read s | median gap then s |", "|---|---|---|---|---|---|---|"]
@@ -430,21 +453,44 @@ def run_record() -> dict:
             "command": "python -m vlservice " + " ".join(sys.argv[1:])}
 
 
+def _openvino_env() -> int:
+    """0 once OpenVINO's tool environment is there (made now if need be); 2, saying which step failed, if not."""
+    from ..config import Settings
+    from .openvino_peer import ToolEnvError, ensure_env
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        ensure_env(Settings.from_env().cache_path)
+    except ToolEnvError as e:
+        print(f"bench --peer openvino: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m vlservice bench --concurrency", description=__doc__.split("\n\n")[0])
     ap.add_argument("--concurrency", default="1,2,4,8")
-    ap.add_argument("--llm", default="float32,int8", help="comma-separated: float32, int8, int4 (llama.cpp: Q4_K_M)")
+    ap.add_argument("--llm", default="float32,int8", help="comma-separated: float32, int8, int4 (peers beside "
+                    "them: llama.cpp f32, Q8_0, Q4_K_M; OpenVINO int8, int4)")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--stagger", type=float, default=0.3, help="seconds between client starts")
     ap.add_argument("--quick", action="store_true", help="the same code on a tiny checkpoint")
     ap.add_argument("--out", type=Path, default=Path("bench-out"))
-    ap.add_argument("--peer", choices=["llama.cpp"], help="also llama.cpp's llama-server, built from the "
-                    "llama-cpp-python source package and run on the same checkpoint converted to GGUF (f32 beside "
-                    "float32, q8_0 beside int8), level by level after ours (needs cmake, a C++ compiler and "
-                    "`pip install sentencepiece`; see vlservice/tools/peer.py)")
+    ap.add_argument("--peer", choices=["llama.cpp", "openvino"], help="also a peer, level by level after ours: "
+                    "llama.cpp's llama-server, built from the llama-cpp-python source package and run on the same "
+                    "checkpoint converted to GGUF (f32 beside float32, q8_0 beside int8; needs cmake, a C++ compiler "
+                    "and `pip install sentencepiece`; see vlservice/tools/peer.py), or OpenVINO GenAI on the same "
+                    "checkpoint exported with optimum-intel (int8 beside int8, int4 beside int4; its own tool "
+                    "environment under VL_CACHE_DIR/openvino; see vlservice/tools/openvino_peer.py)")
+    ap.add_argument("--openvino-pipeline", choices=["cb", "vlm"], default="cb",
+                    help="with --peer openvino: ContinuousBatchingPipeline (as OpenVINO Model Server serves a VLM) "
+                    "or VLMPipeline (one request at a time)")
     args = ap.parse_args(argv)
-    if args.peer:
+    if args.peer == "openvino":
+        if code := _openvino_env():
+            return code
+    elif args.peer:
         from .peer import missing
 
         if missing():
