@@ -35,7 +35,7 @@ def _prefilled(svc, picture: int):
 def test_the_onnx_decoder_continues_pytorchs_prefill_alone_and_batched(service_for, tiny_model_dir, cache_dir):
     """The unquantised graph (the same builder, fp32) decodes what PyTorch decodes from the same
     caches: three sequences of different lengths and M-RoPE offsets in one batch (their caches moved
-    into one arena), then one leaves (its cache copied out, intact) and two go on."""
+    into one arena), then members leave (their caches copied out, intact) and the rest go on."""
     from vlservice.engine.lm import SeqPos
     from vlservice.engine.ortdecode import OrtDecoder, ensure_decoder
 
@@ -62,11 +62,14 @@ def test_the_onnx_decoder_continues_pytorchs_prefill_alone_and_batched(service_f
 
         for _ in range(4):
             step([0, 1, 2])
-        leaving = got[1][0]
-        onnx.release(leaving)
-        for _ in range(3):
-            step([0, 2])
-        step([1])  # the one that left goes on alone, from its own copy
+        onnx.release(got[2][0])  # the last row leaves: the first rows go on in place
+        for _ in range(2):
+            step([0, 1])
+        onnx.release(got[0][0])  # the first row leaves: the next batch moves into a new arena
+        step([1])
+        for _ in range(2):
+            step([0, 2])  # the ones that left go on, from their own copies
+        step([1])
     for (kv_ref, pos_ref), (kv, pos) in zip(ref, got):
         assert kv.length == kv_ref.length and pos.next_pos == pos_ref.next_pos
         for i in range(kv.layers):

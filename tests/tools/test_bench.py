@@ -119,13 +119,16 @@ def test_bench_decode_quick_splits_a_step_and_names_its_floor(tmp_path, cache_di
     step, and the scheduler's own cycle through the service; the floor's share of the service."""
     out = tmp_path / "decode"
     env = {**os.environ, "VL_CACHE_DIR": str(cache_dir), "VL_THREADS": "2", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "vlservice", "bench", "--decode", "--quick", "--llm", "float32,int8",
+    proc = subprocess.run([sys.executable, "-m", "vlservice", "bench", "--decode", "--quick", "--llm", "float32,int8,int4",
                            "--batches", "1,2", "--reps", "3", "--tokens", "40", "--parity-tokens", "8", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "decode.json").read_text())
     assert report["cpu"]["model"] and report["limits"]["bandwidth_gb_s"] > 0
-    assert set(report["llms"]) == {"float32", "int8"}
+    assert report["date"] and report["command"].startswith("python -m vlservice bench --decode")
+    assert set(report["llms"]) == {"float32", "int8", "int4"}
+    assert report["llms"]["int4"]["batches"]["1"]["profiled_ops_ms"] > 0  # ONNX Runtime's own profile was read
+    assert report["llms"]["int4"]["parity"]["tokens"] == 8  # compared with float32 (agreement reported, not asserted)
     for result in report["llms"].values():
         rows = result["batches"]
         assert set(rows) == {"1", "2"}

@@ -155,12 +155,13 @@ class OrtDecoder:
         if self._arena is None or not self._arena_holds(kvs):
             self._build_arena(kvs)
         assert self._arena is not None
-        return self._arena[1], self._arena[2]
+        b = len(kvs)  # the arena's first rows: a batch whose last members left goes on in place
+        return [k[:b] for k in self._arena[1]], [v[:b] for v in self._arena[2]]
 
     def _arena_holds(self, kvs: list[SeqKV]) -> bool:
-        """The arena is this batch's, in this order, and every cache still writes into its row."""
+        """Every cache of this batch still writes into the arena, in the arena's first rows, in order."""
         members, keys, _ = self._arena  # type: ignore[misc]
-        return (len(members) == len(kvs) and all(a is b for a, b in zip(members, kvs))
+        return (len(kvs) <= keys[0].shape[0] and all(any(kv is m for m in members) for kv in kvs)
                 and all(kv.keys[0].data_ptr() == keys[0][row].data_ptr() for row, kv in enumerate(kvs)))
 
     def _build_arena(self, kvs: list[SeqKV]) -> None:

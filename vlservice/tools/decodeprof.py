@@ -122,9 +122,10 @@ def parts(lean, batch: int, reps: int) -> dict:
 
 
 def ort_parts(split, path: Path, threads: int, batch: int, reps: int) -> dict:
-    """int4 (`ortdecode.SplitLM`): the decode call timed as `parts` times the lean step, and the
-    products (MatMulNBits) and attention (GroupQueryAttention) from ONNX Runtime's own profile of
-    the same graph on the same caches (a second session, profiling on): per-run means."""
+    """int4 (`ortdecode.SplitLM`): the decode call timed as `parts` times the lean step; the
+    products (MatMulNBits) and attention (GroupQueryAttention) as their shares of the node time in
+    ONNX Runtime's own profile of the same graph on the same caches (a second session, profiling
+    on; per-run means), applied to that step."""
     from ..engine.lm import SeqPos
     from ..engine.ortdecode import OrtDecoder
 
@@ -146,9 +147,14 @@ def ort_parts(split, path: Path, threads: int, batch: int, reps: int) -> dict:
     _median_ms(stepper(profiled), reps)
     profiled.release_all()
     ops = _profile_ops(profiled.session.end_profiling(), skip=2)
-    kernels, attention = ops.get("MatMulNBits", 0.0), ops.get("GroupQueryAttention", 0.0)
+    # Profiling slows every node down, so the profile gives shares, not times: the products' and
+    # attention's shares of all node time, applied to the unprofiled step.
+    total = sum(ops.values()) or 1.0
+    kernels = step_ms * ops.get("MatMulNBits", 0.0) / total
+    attention = step_ms * ops.get("GroupQueryAttention", 0.0) / total
     out = {"kernels_ms": kernels, "attention_ms": attention, "lean_step_ms": step_ms,
-           "other_ms": step_ms - kernels - attention, "ops_ms": sum(ops.values())}
+           "other_ms": step_ms - kernels - attention, "profiled_ops_ms": total,
+           "profiled_matmulnbits_ms": ops.get("MatMulNBits", 0.0)}
     return {k: round(v, 2) for k, v in out.items()}
 
 
