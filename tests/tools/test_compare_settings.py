@@ -22,7 +22,7 @@ def test_overrides_are_typed_like_the_environment(monkeypatch):
 @pytest.mark.parametrize("side, pair, message", [
     ("--a", "vision_backed=torch", "unknown setting 'vision_backed'"),
     ("--b", "warmup=perhaps", "VL_WARMUP must be one of"),
-    ("--b", "llm_quant=int4", "VL_LLM_QUANT must be empty or int8"),
+    ("--b", "llm_quant=int3", "VL_LLM_QUANT must be empty, int8 or int4"),
     ("--a", "threads", "expected KEY=VALUE"),
 ])
 def test_bad_configurations_exit_2_before_loading(tmp_path, capsys, side, pair, message):
