@@ -177,8 +177,13 @@ class OrtDecoder:
                 and all(kv.keys[0].data_ptr() == keys[0][row].data_ptr() for row, kv in enumerate(kvs)))
 
     def _build_arena(self, kvs: list[SeqKV]) -> None:
-        """Move the batch's caches into one buffer per layer; each `SeqKV` then views its row."""
-        self.release_all()
+        """Move the batch's caches into one buffer per layer; each `SeqKV` then views its row. Members
+        of the old arena outside this batch get storage of their own; the others move once, here."""
+        if self._arena is not None:
+            for kv in self._arena[0]:
+                if not any(kv is k for k in kvs):
+                    _own(kv)
+            self._arena = None
         cap = max(kv.capacity for kv in kvs)
         first = kvs[0]
         shape = (len(kvs), first.kv_heads, cap, first.head_dim)
