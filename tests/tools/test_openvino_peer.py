@@ -114,7 +114,7 @@ def test_peer_choices_and_pipeline_option(monkeypatch, tmp_path):
     monkeypatch.setattr(concurrency, "measure", fake_measure)
     with pytest.raises(SystemExit):
         concurrency.main(["--peer", "openvino", "--openvino-pipeline", "vlm", "--out", str(tmp_path)])
-    assert seen == {"peer": "openvino", "pipeline": "vlm"}
+    assert seen == {"peer": ["openvino"], "pipeline": "vlm"}
     with pytest.raises(SystemExit) as bad:
         concurrency.main(["--peer", "ollama"])
     assert bad.value.code == 2
@@ -126,7 +126,7 @@ def test_no_openvino_peer_beside_float32(tmp_path, monkeypatch):
     monkeypatch.setenv("VL_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(openvino_peer, "start_peer", lambda *a, **k: pytest.fail("no peer for float32"))
     args = argparse.Namespace(peer="openvino", openvino_pipeline="cb", quick=True)
-    assert concurrency._start_peer(args, tmp_path, "float32", 4, tmp_path, {}, lambda: b"") == (None, None)
+    assert concurrency._start_peer(args, "openvino", tmp_path, "float32", 4, tmp_path, {}, lambda: b"") == (None, None)
     assert openvino_peer.LLM_TYPES == {"int8": "int8", "int4": "int4"}
 
 
@@ -172,3 +172,61 @@ def test_end_to_end_on_the_tiny_checkpoint(tiny_model_dir, tmp_path, pipeline):
     finally:
         peer.stop()
     assert "first request (OpenVINO compiles then)" in (tmp_path / "server.log").read_text()
+
+
+def test_both_peers_in_one_run_are_parsed_in_order(monkeypatch, tmp_path):
+    seen = {}
+    monkeypatch.setattr(concurrency, "_openvino_env", lambda: 0)
+    monkeypatch.setattr("vlservice.tools.peer.missing", lambda: "")
+    monkeypatch.setattr(concurrency, "start_report", lambda args: (None, None, {}))
+    monkeypatch.setattr(concurrency, "measure", lambda args, m, o: (seen.update(peer=args.peer), exit(0)))
+    with pytest.raises(SystemExit):
+        concurrency.main(["--peer", "openvino,llama.cpp,openvino", "--out", str(tmp_path)])
+    assert seen == {"peer": ["openvino", "llama.cpp"]}
+
+
+def test_the_peer_table_puts_every_server_beside_ours():
+    """One row per server: its weights, one stream's first token, rate and answers, the widest
+    level's aggregate and longest gap, the peak RSS, each from the report."""
+    one = {"prompt_ms": 900.0, "vision_encode_ms": 300.0,
+           "ttft_s": 2.5, "decode_tps": 21.2, "answer_64_s": 5.2, "answer_128_s": 8.0, "answer_256_s": 14.1}
+    level = {"stream_tps_median": 7.0, "ttft_p50_s": 3.0, "ttft_p95_s": 4.0}
+    peer_one = {"prompt_ms": 5000.0, "vision_encode_ms": None,
+                "ttft_s": 6.5, "decode_tps": 21.5, "answer_64_s": 9.1, "answer_128_s": 12.0, "answer_256_s": 18.2}
+    report = {
+        "cpu": {"model": "Some CPU", "flags": ["avx2"], "threads": 2}, "limits": {"bandwidth_gb_s": 20},
+        "levels": [1, 4], "tokens": 256, "stagger_s": 0.3, "scenarios": {},
+        "runs": {"int4 VL_MAX_BATCH=4": {"llm": "int4", "max_batch": 4,
+                                         "levels": {"4": {"aggregate_tps": 27.9, "max_gap_s": 0.5, **level}}},
+                 "llama.cpp q4_k_m -np 4": {"llm": "llama.cpp q4_k_m -np 4", "max_batch": 4, "peer_of": "int4",
+                                            "levels": {"4": {"aggregate_tps": 18.0, "max_gap_s": 13.4, **level}}}},
+        "single": {"int4": one, "llama.cpp q4_k_m -np 4": peer_one},
+        "peak_rss_mb": {"int4 VL_MAX_BATCH=4": 3100.0, "llama.cpp q4_k_m -np 4": 2400.0},
+        "peers": {"llama.cpp q4_k_m -np 4": {"kind": "llama.cpp", "peer_of": "int4",
+                                             "weights": concurrency._peer_module("llama.cpp").WEIGHTS["int4"]}}}
+    table = concurrency.peer_table(report)
+    assert table[0].startswith("| server | weights | first token s | decode tok/s | 64-token answer s | 128-token")
+    assert "| 4 streams: aggregate tok/s | 4 streams: longest gap s | peak RSS MB |" in table[0]
+    assert table[2] == ("| vlservice int4 | " + concurrency.OURS_WEIGHTS["int4"]
+                        + " | 2.5 | 21.2 | 5.2 | 8.0 | 14.1 | 27.9 | 0.5 | 3100.0 |")
+    assert table[3].startswith("| llama.cpp q4_k_m -np 4 | Q4_K_M LLM") and table[3].endswith(
+        " | 6.5 | 21.5 | 9.1 | 12.0 | 18.2 | 18.0 | 13.4 | 2400.0 |")
+    assert "\n".join(table) in concurrency.markdown(report)
+
+
+def test_peak_rss_reads_the_servers_largest_process(tmp_path):
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; b = bytearray(300 << 20); b[::4096] = b'x' * "
+                              "len(b[::4096]); print('ready', flush=True); sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        server = concurrency.Server.__new__(concurrency.Server)
+        server.proc = child
+        assert 300 <= server.peak_rss_mb() < 500
+    finally:
+        child.stdin.close()
+        child.wait(10)
+    assert server.peak_rss_mb() is None

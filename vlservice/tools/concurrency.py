@@ -75,6 +75,24 @@ class Server:
             time.sleep(1)
         raise RuntimeError("the server did not become ready")
 
+    def peak_rss_mb(self) -> float | None:
+        """The largest peak resident set (VmHWM) among the server's processes, MB: Gunicorn's worker
+        (the preloaded model's pages counted in it), a peer's single process. None once it has exited."""
+        import psutil
+
+        try:
+            procs = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return None
+        peaks = []
+        for p in procs:
+            try:
+                with open(f"/proc/{p.pid}/status") as f:
+                    peaks += [int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:")]
+            except OSError:
+                continue
+        return round(max(peaks), 0) if peaks else None
+
     def stop(self) -> None:
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -217,7 +235,7 @@ def measure(args, model_dir: Path, out: Path) -> dict:
 
     llms = [q for q in args.llm.split(",")]
     report: dict = {"levels": levels, "tokens": args.tokens, "stagger_s": args.stagger, "runs": {}, "scenarios": {},
-                    "single": {}}
+                    "single": {}, "peak_rss_mb": {}, "peers": {}}
     if "float32" in llms:
         # The float32 LLM before prepacking (plain nn.Linear on MKL), one stream at a time: the baseline
         # for what prepacked weights buy a lone user.
@@ -231,45 +249,57 @@ def measure(args, model_dir: Path, out: Path) -> dict:
         finally:
             server.stop()
     for llm in llms:
-        peer, peer_name = _start_peer(args, model_dir, llm, batch, out, report, photo) if args.peer else (None, None)
+        peers: list = []
         try:
+            for kind in args.peer:  # all up at once (idle while another answers), so every level interleaves
+                peer, peer_name = _start_peer(args, kind, model_dir, llm, batch, out, report, photo)
+                if peer is not None:
+                    peers.append((peer, peer_name))
+                    report["peers"][peer_name] = {"kind": kind, "peer_of": llm,
+                                                  "weights": _peer_module(kind).WEIGHTS[llm]}
             for max_batch in sorted({1, batch}):
                 _measure_ours(report, model_dir, llm, max_batch, batch, levels, photo, doc_size, args, out,
-                              peer if max_batch == batch else None, peer_name)
-            if peer is not None:
+                              peers if max_batch == batch else [])
+            for peer, peer_name in peers:
                 report["single"][peer_name] = singles(peer.url, photo, args.tokens, PEER_BODY)
                 log.info("%s, one stream: %s", peer_name, report["single"][peer_name])
+                report["peak_rss_mb"][peer_name] = peer.peak_rss_mb()
         finally:
-            if peer is not None:
+            for peer, _ in peers:
                 peer.stop()
     return report
+
+
+def _peer_module(kind: str):
+    from . import openvino_peer, peer as llama_cpp_peer
+
+    return openvino_peer if kind == "openvino" else llama_cpp_peer
 
 
 PEER_BODY = {"ignore_eos": True}  # llama-server's way to force the token count (ours: min_tokens)
 
 
-def _start_peer(args, model_dir: Path, llm: str, batch: int, out: Path, report: dict, photo) -> tuple:
+def _start_peer(args, kind: str, model_dir: Path, llm: str, batch: int, out: Path, report: dict, photo) -> tuple:
     """(the peer server beside our `llm`, up and past its first request, its name), or (None, None) when
     the peer has no weights of that kind: llama-server with `batch` slots, or OpenVINO GenAI (continuous
     batching over `batch` sequences, or VLMPipeline one request at a time), up beside ours: the same
     requests alternate."""
     from ..config import Settings
-    from . import openvino_peer, peer as llama_cpp_peer
 
     settings = Settings.from_env()  # the same cache and thread count as ours
-    peer_module = openvino_peer if args.peer == "openvino" else llama_cpp_peer
-    if args.peer == "openvino":
+    peer_module = _peer_module(kind)
+    if kind == "openvino":
         pipeline = args.openvino_pipeline
         name = "OpenVINO {} " + (f"continuous batching x{batch}" if pipeline == "cb" else "VLMPipeline, one at a time")
         kwargs: dict = {"pipeline": pipeline}
     else:
         name, kwargs = "llama.cpp {} -np " + str(batch), {}
     if llm not in peer_module.LLM_TYPES:
-        log.info("%s has no weights beside our %s LLM: no peer run for it", args.peer, llm)
+        log.info("%s has no weights beside our %s LLM: no peer run for it", kind, llm)
         return None, None
     peer_name = name.format(peer_module.LLM_TYPES[llm])
     peer = peer_module.start_peer(model_dir, settings.cache_path, llm, batch, settings.num_threads,
-                                  out / f"{args.peer}-server-{llm}.log", **kwargs)
+                                  out / f"{kind}-server-{llm}.log", **kwargs)
     peer.wait_ready()
     run_clients(peer.url, [(photo(), "Describe this image.")], 0, 4, PEER_BODY)
     if hasattr(peer, "health"):  # OpenVINO compiles at its first request: reported apart
@@ -278,8 +308,9 @@ def _start_peer(args, model_dir: Path, llm: str, batch: int, out: Path, report: 
     return peer, peer_name
 
 
-def _measure_ours(report, model_dir, llm, max_batch, batch, levels, photo, doc_size, args, out, peer, peer_name):
-    """Our server with `max_batch` at every level; with `peer`, the peer at each level right after."""
+def _measure_ours(report, model_dir, llm, max_batch, batch, levels, photo, doc_size, args, out, peers):
+    """Our server with `max_batch` at every level; each of `peers` ((server, name) pairs) at each
+    level right after ours, in turn."""
     name = f"{llm} VL_MAX_BATCH={max_batch}"
     server = Server(server_env(model_dir, llm, max_batch, batch, args.tokens), out / f"server-{llm}-{max_batch}.log")
     try:
@@ -288,19 +319,19 @@ def _measure_ours(report, model_dir, llm, max_batch, batch, levels, photo, doc_s
         log.info("%s ready in %.0f s", name, time.perf_counter() - t)
         run_clients(server.url, [(photo(), "Describe this image.")], 0, 4)  # the server's first request
         rows: dict = {}
-        peer_rows: dict = {}
+        peer_rows: dict = {peer_name: {} for _, peer_name in peers}
         for n in levels:
             res = run_clients(server.url, [(photo(), "Describe this image.") for _ in range(n)], args.stagger, args.tokens)
             rows[str(n)] = level_summary(res)
             log.info("%s, %d streams: %s", name, n, rows[str(n)])
-            if peer is not None:
+            for peer, peer_name in peers:
                 res = run_clients(peer.url, [(photo(), "Describe this image.") for _ in range(n)], args.stagger,
                                   args.tokens, PEER_BODY)
-                peer_rows[str(n)] = level_summary(res)
-                log.info("%s, %d streams: %s", peer_name, n, peer_rows[str(n)])
+                peer_rows[peer_name][str(n)] = level_summary(res)
+                log.info("%s, %d streams: %s", peer_name, n, peer_rows[peer_name][str(n)])
         report["runs"][name] = {"llm": llm, "max_batch": max_batch, "levels": rows}
-        if peer is not None:
-            report["runs"][peer_name] = {"llm": peer_name, "max_batch": batch, "levels": peer_rows,
+        for _, peer_name in peers:
+            report["runs"][peer_name] = {"llm": peer_name, "max_batch": batch, "levels": peer_rows[peer_name],
                                          "peer_of": llm}
         if max_batch == 1:
             key = "float32 prepacked" if llm == "float32" else llm
@@ -309,6 +340,7 @@ def _measure_ours(report, model_dir, llm, max_batch, batch, levels, photo, doc_s
         if max_batch == batch:
             report["scenarios"][llm] = scenarios(server.url, photo, doc_size, args)
             log.info("%s scenarios: %s", name, report["scenarios"][llm])
+        report["peak_rss_mb"][name] = server.peak_rss_mb()
     finally:
         server.stop()
 
@@ -357,6 +389,35 @@ def scenarios(url: str, photo, doc_size, args) -> dict:
             "stream_median_gap_during_doc_s": round(statistics.median(during), 3) if during else None}
 
 
+OURS_WEIGHTS = {"float32": "float32 LLM (prepacked), INT8 vision encoder",
+                "int8": "INT8 LLM (per-row scales), INT8 vision encoder",
+                "int4": "4-bit decoder (ONNX Runtime MatMulNBits, blocks of 128 on the real size), INT8 prompt, "
+                        "INT8 vision encoder"}
+
+
+def peer_table(report: dict) -> list:
+    """One table, ours and each peer beside it: weights, one stream (first token, decode rate, answers),
+    the widest level's streams (aggregate and longest gap), the largest process's peak RSS."""
+    batch = max(report["levels"])
+    answers = [k for k in ANSWER_TOKENS if k <= report["tokens"]]
+    lines = ["| server | weights | first token s | decode tok/s | "
+             + " | ".join(f"{k}-token answer s" for k in answers)
+             + f" | {batch} streams: aggregate tok/s | {batch} streams: longest gap s | peak RSS MB |",
+             "|---" * (7 + len(answers)) + "|"]
+    for llm in dict.fromkeys(p["peer_of"] for p in report["peers"].values()):
+        rows = [(f"vlservice {llm}", OURS_WEIGHTS.get(llm, llm), "float32 prepacked" if llm == "float32" else llm,
+                 f"{llm} VL_MAX_BATCH={batch}")]
+        rows += [(name, p["weights"], name, name) for name, p in report["peers"].items() if p["peer_of"] == llm]
+        for label, weights, single_key, run_key in rows:
+            one = report["single"].get(single_key, {})
+            level = report["runs"].get(run_key, {}).get("levels", {}).get(str(batch), {})
+            cells = [one.get("ttft_s", ""), one.get("decode_tps", ""), *(one.get(f"answer_{k}_s", "") for k in answers),
+                     level.get("aggregate_tps", ""), level.get("max_gap_s", ""),
+                     report.get("peak_rss_mb", {}).get(run_key, "")]
+            lines.append(f"| {label} | {weights} | " + " | ".join(str(c) for c in cells) + " |")
+    return lines
+
+
 def markdown(report: dict) -> str:
     cpu = report["cpu"]
     lines = [f"*{cpu['model']} ({', '.join(cpu['flags']) or 'no AVX-512'}), {cpu['threads']} threads, "
@@ -365,6 +426,10 @@ def markdown(report: dict) -> str:
              "| LLM | VL_MAX_BATCH | streams | aggregate decode tok/s | per-stream tok/s (median) | first token p50 s "
              "| first token p95 s | longest gap s | aggregate vs VL_MAX_BATCH=1 |",
              "|---|---|---|---|---|---|---|---|---|"]
+    if report.get("peers"):
+        lines[1:1] = ["", f"Beside the peers (one stream: medians of {SINGLE_RUNS}; the same client, images and "
+                      "forced token counts; peak RSS: the largest process's VmHWM, Gunicorn's worker for ours):",
+                      "", *peer_table(report), "", "Every level:"]
     runs = report["runs"]
     for run in runs.values():
         base = runs.get(f"{run.get('peer_of', run['llm'])} VL_MAX_BATCH=1", {}).get("levels", {})
@@ -470,6 +535,18 @@ def _openvino_env() -> int:
     return 0
 
 
+PEERS = ("llama.cpp", "openvino")
+
+
+def _peers(text: str) -> list:
+    """`--peer`'s value: known peers, in the order given, each once."""
+    kinds = list(dict.fromkeys(k.strip() for k in text.split(",") if k.strip()))
+    unknown = [k for k in kinds if k not in PEERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown peer {', '.join(unknown)} (choose from {', '.join(PEERS)})")
+    return kinds
+
+
 def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m vlservice bench --concurrency", description=__doc__.split("\n\n")[0])
@@ -480,7 +557,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stagger", type=float, default=0.3, help="seconds between client starts")
     ap.add_argument("--quick", action="store_true", help="the same code on a tiny checkpoint")
     ap.add_argument("--out", type=Path, default=Path("bench-out"))
-    ap.add_argument("--peer", choices=["llama.cpp", "openvino"], help="also a peer, level by level after ours: "
+    ap.add_argument("--peer", type=_peers, default=[], help="also peers (comma-separated: llama.cpp, openvino), "
+                    "level by level after ours: "
                     "llama.cpp's llama-server, built from the llama-cpp-python source package and run on the same "
                     "checkpoint converted to GGUF (f32 beside float32, q8_0 beside int8; needs cmake, a C++ compiler "
                     "and `pip install sentencepiece`; see vlservice/tools/peer.py), or OpenVINO GenAI on the same "
@@ -490,15 +568,15 @@ def main(argv=None) -> int:
                     help="with --peer openvino: ContinuousBatchingPipeline (as OpenVINO Model Server serves a VLM) "
                     "or VLMPipeline (one request at a time)")
     args = ap.parse_args(argv)
-    if args.peer == "openvino":
-        if code := _openvino_env():
-            return code
-    elif args.peer:
+    if "llama.cpp" in args.peer:
         from .peer import missing
 
         if missing():
             print(f"bench --peer llama.cpp needs {missing()}", file=sys.stderr)
             return 2
+    if "openvino" in args.peer:
+        if code := _openvino_env():
+            return code
     _, model_dir, report = start_report(args)
     report.update(measure(args, model_dir, args.out))
     (args.out / "concurrency.json").write_text(json.dumps(report, indent=2))

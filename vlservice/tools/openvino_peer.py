@@ -47,6 +47,8 @@ from .concurrency import Server
 log = logging.getLogger(__name__)
 
 LLM_TYPES = {"int8": "int8", "int4": "int4"}  # our LLM setting -> the OpenVINO weight format beside it
+WEIGHTS = {"int8": "INT8 weights (optimum-intel `--weight-format int8`)",
+           "int4": "INT4 weights, groups of 128, ratio 1.0 (optimum-intel + NNCF)"}  # what each row's weights are
 TORCH = "torch==2.13.0"  # the CPU build on this machine's disk; installed first and held by a constraint
 PACKAGES = ["transformers==4.57.*", "optimum-intel==2.2.*", "openvino", "openvino-genai", "nncf", "pillow", "numpy"]
 ENV_VERSION = "1"  # bump when the package list changes: the environment is made again

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 PACKAGE = "llama-cpp-python"
 LLM_TYPES = {"float32": "f32", "int8": "q8_0", "int4": "q4_k_m"}  # our LLM -> the GGUF type beside it
+WEIGHTS = {"float32": "f32 LLM, f16 projector", "int8": "Q8_0 LLM (8.5 bits per weight), f16 projector",
+           "int4": "Q4_K_M LLM (4- and 6-bit k-quants), f16 projector"}  # what each row's weights are
 QUANTIZED = {"q4_k_m": "Q4_K_M"}  # types llama-quantize makes from the f32 file (the converter cannot)
 
 
