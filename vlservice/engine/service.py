@@ -253,7 +253,7 @@ class VLModelService:
                 v = self._video(img)
                 for k, ms in v.timings.items():
                     video_timings[k] = video_timings.get(k, 0.0) + ms
-                budget = self.settings.video_frame_pixels(img.detail)
+                budget = img.max_pixels or self.settings.video_frame_pixels(img.detail)
                 prepared.append(v)
                 budgets.append(budget)
                 keys.append(feature_key(v.digest, v.grid_thw, budget, self.model_fp, self.encoder.name))
@@ -266,9 +266,9 @@ class VLModelService:
                 raise
             decode_s += time.perf_counter() - t
             t = time.perf_counter()
-            budget = self.settings.detail_pixels(img.detail)
+            budget = img.max_pixels or self.settings.detail_pixels(img.detail)
             try:
-                p = imgs.prepare(rgb, self.spec, budget)
+                p = imgs.prepare(rgb, self.spec, budget, img.min_pixels)
             except APIError as exc:
                 exc.param = exc.param or img.param
                 raise
@@ -330,7 +330,7 @@ class VLModelService:
         """Decode, sample and preprocess one clip (bad input: an APIError naming its part)."""
         try:
             return vid.load(clip.data, self.video_spec, self.video_limits, clip.fps, clip.max_frames,
-                            self.settings.video_frame_pixels(clip.detail))
+                            clip.max_pixels or self.settings.video_frame_pixels(clip.detail), clip.min_frames)
         except APIError as exc:
             exc.param = exc.param or clip.param
             raise

@@ -37,6 +37,8 @@ class ImageInput:
     data: bytes
     detail: str = "auto"
     param: str = "image"  # where it came from in the request, for error messages
+    max_pixels: int | None = None  # the resolved pixel budget (None: `detail`'s)
+    min_pixels: int | None = None  # scaled up to at least this (None: the model's minimum)
 
 
 @dataclass
@@ -46,6 +48,8 @@ class VideoInput:
     fps: float | None = None  # frames sampled per second (None: the model's, 2)
     max_frames: int | None = None  # at most this many sampled frames (None: VL_MAX_VIDEO_FRAMES)
     param: str = "video"
+    min_frames: int | None = None  # at least this many sampled frames (None: the model's, 4)
+    max_pixels: int | None = None  # each sampled frame's budget (None: `detail`'s)
 
 
 @dataclass
