@@ -5,7 +5,7 @@ documentation cannot promise what the validator refuses, nor the reverse.
 
 Policy: the parameters we implement are checked strictly (JSON types as JSON Schema reads them:
 5.0 is an integer, "5" is not; out of range is refused, never clamped); OpenAI parameters we
-cannot honour are refused when they ask for something (`n` > 1, `logprobs`, `tools`, a
+cannot honour are refused when they ask for something (`n` > 1, `tools`, a
 `response_format` other than text) and accepted when they ask for nothing; names OpenAI does not
 define are ignored, as OpenAI's own API does.
 
@@ -45,7 +45,8 @@ VIDEO_TYPES = {"video/mp4": "mp4", "video/quicktime": "mp4", "video/webm": "webm
 MAX_STOP = 4
 MAX_DEPTH = 32  # JSON nesting of a request body; a chat request needs 6
 MAX_STOP_CHARS = 64
-INTEGERS = ("max_tokens", "max_completion_tokens", "min_tokens", "top_k", "seed", "n")
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound
+INTEGERS = ("max_tokens", "max_completion_tokens", "min_tokens", "top_k", "seed", "n", "top_logprobs")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # JSON's decoder joins valid pairs, so any left is lone
 _DATA_URL = re.compile(r"^data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[^;,]*)*)(?P<b64>;base64)?,",
                        re.IGNORECASE)
@@ -309,7 +310,12 @@ def request_model(settings: Settings) -> type[BaseModel]:
         user: str | None = Field(None, max_length=256, description="an id of the end user (OpenAI); the session "
                                                                   "key when no X-Session-Id header is sent")
         n: int | None = Field(1, ge=1, le=1, description="only 1 is supported")
-        logprobs: _unsupported("logprobs", "log probabilities") = None
+        logprobs: bool | None = Field(None, description=(
+            "true: each answer token's log probability in `choices[].logprobs.content` (streamed: in each chunk, "
+            "for the chunk's tokens), from the distribution the token was drawn from (the logits after the "
+            "penalties, divided by the temperature; before top-k / top-p)"))
+        top_logprobs: int | None = _num(0, MAX_TOP_LOGPROBS, "with `logprobs`: this many most likely tokens at "
+                                                             "each position, best first")
         tools: _unsupported("tools", "tool calling") = None
         functions: _unsupported("functions", "function calling") = None
         audio: _unsupported("audio", "audio output") = None
@@ -361,6 +367,9 @@ def request_model(settings: Settings) -> type[BaseModel]:
                         raise PydanticCustomError("invalid_value", f"`{name}` must be between 4 and {max_frames}, "
                                                   f"got {value}", {"param": name})
             _check_media(self, settings)
+            if self.top_logprobs and not self.logprobs:
+                raise PydanticCustomError("invalid_value", "`top_logprobs` needs `logprobs` set to true",
+                                          {"param": "top_logprobs"})
             param = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
             limit = self.max_completion_tokens or self.max_tokens or default_max
             if self.min_tokens is not None and self.min_tokens > limit:
@@ -623,7 +632,7 @@ def parse_chat(body, settings: Settings, defaults: dict | None = None, fetch_rem
         top_p=float(pick(r.top_p, "top_p", 1.0)), top_k=int(pick(r.top_k, "top_k", 0)),
         repetition_penalty=float(pick(r.repetition_penalty, "repetition_penalty", 1.0)),
         frequency_penalty=r.frequency_penalty or 0.0, presence_penalty=r.presence_penalty or 0.0, seed=r.seed,
-        stop=tuple(s for s in stop if s))
+        stop=tuple(s for s in stop if s), logprobs=(r.top_logprobs or 0) if r.logprobs else None)
     messages = [Message(ROLES[m.role], _parts(m.content, f"messages[{i}]", settings, fetch_remote,
                                               r.mm_processor_kwargs))
                 for i, m in enumerate(r.messages)]
@@ -785,11 +794,29 @@ class AssistantReply(_Out):
     content: str
 
 
+class TopLogprob(_Out):
+    token: str = Field(description="the token's text (U+FFFD for a part of a character its bytes do not complete)")
+    logprob: float = Field(le=0, description="natural log of its probability; -9999.0 for a forbidden token")
+    bytes: list[int] = Field(description="the token's UTF-8 bytes")
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(max_length=MAX_TOP_LOGPROBS, description=(
+        "the `top_logprobs` most likely tokens at this position, most likely first"))
+
+
+class ChoiceLogprobs(_Out):
+    """OpenAI's `logprobs` of a choice: one entry per answer token (the end-of-sequence token is not one)."""
+
+    content: list[TokenLogprob] | None
+    refusal: None = None
+
+
 class Choice(_Out):
     index: Literal[0]
     message: AssistantReply
     finish_reason: FinishReason
-    logprobs: None
+    logprobs: ChoiceLogprobs | None = Field(description="null unless the request set `logprobs`")
 
 
 class BoxObject(_Out):
@@ -834,7 +861,7 @@ class ChunkChoice(_Out):
     index: Literal[0]
     delta: Delta
     finish_reason: FinishReason | None
-    logprobs: None
+    logprobs: ChoiceLogprobs | None = Field(description="with `logprobs`: the entries of this chunk's tokens")
 
 
 class ChatCompletionChunk(_Out):

@@ -291,7 +291,7 @@ class VLModelService:
         spans = prompt.media_spans(self.decoder.image_token_id, self.decoder.video_token_id)
         images = [(a, b, k) for (a, b), k in zip(spans, keys)]
         result_key = None
-        if request.result_cache and s.greedy:
+        if request.result_cache and s.greedy and s.logprobs is None:  # the cache keeps no log probabilities
             result_key = ResultCache.key(self.model_fp, self.encoder.name, prompt.input_ids, keys, s)
         work = {"prepared": prepared, "keys": keys, "prompt": prompt, "images": images, "result_key": result_key,
                 "timings": {"image_decode_ms": decode_s * 1e3, "preprocess_ms": prep_s * 1e3, **video_timings,

@@ -23,6 +23,7 @@ class Sampling:
     presence_penalty: float = 0.0  # OpenAI's: once for any token the answer so far holds
     seed: int | None = None
     stop: tuple = ()
+    logprobs: int | None = None  # None: off; else report each token's log probability and this many alternatives
 
     @property
     def greedy(self) -> bool:
