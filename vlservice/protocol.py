@@ -5,7 +5,7 @@ documentation cannot promise what the validator refuses, nor the reverse.
 
 Policy: the parameters we implement are checked strictly (JSON types as JSON Schema reads them:
 5.0 is an integer, "5" is not; out of range is refused, never clamped); OpenAI parameters we
-cannot honour are refused when they ask for something (`n` > 1, `logprobs`, `tools`, a
+cannot honour are refused when they ask for something (`n` > 1, `tools`, a
 `response_format` other than text) and accepted when they ask for nothing; names OpenAI does not
 define are ignored, as OpenAI's own API does.
 
@@ -45,7 +45,8 @@ VIDEO_TYPES = {"video/mp4": "mp4", "video/quicktime": "mp4", "video/webm": "webm
 MAX_STOP = 4
 MAX_DEPTH = 32  # JSON nesting of a request body; a chat request needs 6
 MAX_STOP_CHARS = 64
-INTEGERS = ("max_tokens", "max_completion_tokens", "min_tokens", "top_k", "seed", "n")
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound
+INTEGERS = ("max_tokens", "max_completion_tokens", "min_tokens", "top_k", "seed", "n", "top_logprobs")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # JSON's decoder joins valid pairs, so any left is lone
 _DATA_URL = re.compile(r"^data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[^;,]*)*)(?P<b64>;base64)?,",
                        re.IGNORECASE)
@@ -72,12 +73,40 @@ class TextPart(_In):
     text: str
 
 
+def _integral_float(v):
+    """JSON Schema counts 61.0 as an integer, so the validator does too (61.5 stays refused)."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def _pixels(description: str):
+    """An optional pixel count (Qwen's `min_pixels` / `max_pixels`): a positive integer; the upper
+    bound is the server's (checked in the request model, which knows the `Settings`)."""
+    return Field(None, description=description)
+
+
+Pixels = Annotated[int, Field(ge=1), BeforeValidator(_integral_float)] | None
+IMAGE_MAX_PIXELS = ("Qwen's spelling: the image's pixel budget (width x height after resizing), at most "
+                    "VL_DETAIL_HIGH_PIXELS, `detail: high`'s budget (above it: 400; the model's own processor "
+                    "range, /api/config `detail_max_pixels`, still applies); takes precedence over `detail` and "
+                    "over `mm_processor_kwargs.max_pixels`")
+IMAGE_MIN_PIXELS = ("Qwen's spelling: a smaller image is scaled up to at least this many pixels (at most "
+                    "`max_pixels`); takes precedence over `mm_processor_kwargs.min_pixels`")
+FRAME_MAX_PIXELS = ("Qwen's spelling: each sampled frame's pixel budget, at most VL_VIDEO_DETAIL_HIGH_PIXELS "
+                    "(/api/config `video.detail_frame_pixels.high`; above it: 400); takes precedence over "
+                    "`detail` and over `mm_processor_kwargs.max_pixels`")
+FPS_DESCRIPTION = ("frames sampled per second of video (default 2, as the model's processor); takes precedence "
+                   "over `mm_processor_kwargs.fps`")
+MIN_FRAMES = "Qwen's spelling: at least this many sampled frames (default 4; at most `max_frames`)"
+
+
 class ImageURL(_In):
     url: str = Field(description="the image as a data URL, `data:image/<png|jpeg|webp|bmp|gif>;base64,<payload>` "
                                  "(the declared type must match the data), or an https URL when the server "
                                  "allows remote images (VL_REMOTE_IMAGES)")
     detail: Literal["low", "auto", "high"] | None = Field(
         None, description="resolution budget (see /api/config `detail_max_pixels`); null means auto")
+    max_pixels: Pixels = _pixels(IMAGE_MAX_PIXELS + " (here it also wins over the part's own `max_pixels`)")
+    min_pixels: Pixels = _pixels(IMAGE_MIN_PIXELS + " (here it also wins over the part's own `min_pixels`)")
 
 
 class ImagePart(_In):
@@ -85,11 +114,8 @@ class ImagePart(_In):
     image_url: _tagged(lambda v: "ImageURL" if isinstance(v, dict) else "URL" if isinstance(v, str) else None,
                        "image_url_type", ("ImageURL", ImageURL), ("URL", str)) = Field(
         description="an object with `url`, or the URL itself as a string")
-
-
-def _integral_float(v):
-    """JSON Schema counts 61.0 as an integer, so the validator does too (61.5 stays refused)."""
-    return int(v) if isinstance(v, float) and v.is_integer() else v
+    max_pixels: Pixels = _pixels(IMAGE_MAX_PIXELS)
+    min_pixels: Pixels = _pixels(IMAGE_MIN_PIXELS)
 
 
 class VideoURL(_In):
@@ -98,24 +124,70 @@ class VideoURL(_In):
                                  "server allows remote files (VL_REMOTE_IMAGES)")
     detail: Literal["low", "auto", "high"] | None = Field(
         None, description="per-frame resolution budget (see /api/config `video.detail_frame_pixels`); null means auto")
-    fps: float | None = Field(None, gt=0, le=30, description="frames sampled per second of video (default 2, as "
-                                                           "the model's processor)")
+    fps: float | None = Field(None, gt=0, le=30, description=FPS_DESCRIPTION)
     # the bound inside Annotated, before the validator: otherwise pydantic writes it to the schema as "ge",
     # which JSON Schema does not know (clients and schemathesis then took -445 for valid)
     max_frames: Annotated[int, Field(ge=4), BeforeValidator(_integral_float)] | None = Field(
         None, description="at most this many sampled frames (default and upper bound: VL_MAX_VIDEO_FRAMES; an "
                                 "odd number counts as the even one below: frames go in pairs)")
+    min_frames: Annotated[int, Field(ge=1), BeforeValidator(_integral_float)] | None = Field(
+        None, description=MIN_FRAMES)
+    max_pixels: Pixels = _pixels(FRAME_MAX_PIXELS)
 
 
-class VideoPart(_In):
+class _VideoOptions(_In):
+    """Qwen's per-item video options, written beside the part's media object (the object's own win)."""
+
+    fps: float | None = Field(None, gt=0, le=30, description=FPS_DESCRIPTION)
+    max_frames: Annotated[int, Field(ge=4), BeforeValidator(_integral_float)] | None = Field(
+        None, description="as `video_url.max_frames`")
+    min_frames: Annotated[int, Field(ge=1), BeforeValidator(_integral_float)] | None = Field(
+        None, description=MIN_FRAMES)
+    max_pixels: Pixels = _pixels(FRAME_MAX_PIXELS)
+
+
+class VideoPart(_VideoOptions):
     type: Literal["video_url"]
     video_url: VideoURL = Field(description="vLLM's video part: an object with `url` and optional `fps`, "
-                                            "`max_frames`, `detail`")
+                                            "`max_frames`, `min_frames`, `max_pixels`, `detail`")
+
+
+class InputVideo(_In):
+    url: str | None = Field(None, description="as `video_url.url`")
+    data: str | None = Field(None, description="llama.cpp's spelling: the clip's bytes in base64 (no `data:` "
+                                               "prefix), or a data URL")
+
+
+class InputVideoPart(_VideoOptions):
+    """llama.cpp's video part, read as a `video_url` part."""
+
+    type: Literal["input_video"]
+    input_video: _tagged(lambda v: "InputVideo" if isinstance(v, dict) else "Data" if isinstance(v, str) else None,
+                         "input_video_type", ("InputVideo", InputVideo), ("Data", str)) = Field(
+        description="llama.cpp's spelling: an object with `data` (base64) or `url`, or the base64 (or a data URL) "
+                    "as a string")
+
+    def as_video_url(self) -> VideoURL:
+        v = self.input_video
+        raw = v if isinstance(v, str) else (v.url or v.data or "")
+        if not raw.startswith(("data:", "http:", "https:")) and ":" not in raw[:16]:
+            raw = "data:;base64," + raw  # llama.cpp's raw base64: the type is read from the bytes
+        return VideoURL(url=raw)
+
+
+class MMProcessorKwargs(_In):
+    """vLLM's request-level media options; each item's own fields (and `detail`) take precedence."""
+
+    max_pixels: Pixels = _pixels("every image's pixel budget (at most VL_DETAIL_HIGH_PIXELS) and every video "
+                                 "frame's (at most VL_VIDEO_DETAIL_HIGH_PIXELS); above: 400")
+    min_pixels: Pixels = _pixels("every image's lower bound in pixels (images only)")
+    fps: float | None = Field(None, gt=0, le=30, description="every video's frames sampled per second")
 
 
 def _part_tag(v):
     if isinstance(v, dict) and isinstance(v.get("type"), str):
-        return {"text": "TextPart", "image_url": "ImagePart", "video_url": "VideoPart"}.get(v["type"])
+        return {"text": "TextPart", "image_url": "ImagePart", "video_url": "VideoPart",
+                "input_video": "InputVideoPart"}.get(v["type"])
 
 
 def _text_only(v):
@@ -130,7 +202,8 @@ def _content_tag(v):
 
 
 UserContent = _tagged(_content_tag, "content_type", ("Text", str), ("Parts", list[_tagged(
-    _part_tag, "part_type", ("TextPart", TextPart), ("ImagePart", ImagePart), ("VideoPart", VideoPart))]))
+    _part_tag, "part_type", ("TextPart", TextPart), ("ImagePart", ImagePart), ("VideoPart", VideoPart),
+    ("InputVideoPart", InputVideoPart))]))
 TextContent = _tagged(_content_tag, "content_type", ("Text", str),
                       ("Parts", list[Annotated[TextPart, BeforeValidator(_text_only)]]))
 
@@ -237,11 +310,19 @@ def request_model(settings: Settings) -> type[BaseModel]:
         user: str | None = Field(None, max_length=256, description="an id of the end user (OpenAI); the session "
                                                                   "key when no X-Session-Id header is sent")
         n: int | None = Field(1, ge=1, le=1, description="only 1 is supported")
-        logprobs: _unsupported("logprobs", "log probabilities") = None
+        logprobs: bool | None = Field(None, description=(
+            "true: each answer token's log probability in `choices[].logprobs.content` (streamed: in each chunk, "
+            "for the chunk's tokens), from the distribution the token was drawn from (the logits after the "
+            "penalties, divided by the temperature; before top-k / top-p)"))
+        top_logprobs: int | None = _num(0, MAX_TOP_LOGPROBS, "with `logprobs`: this many most likely tokens at "
+                                                             "each position, best first")
         tools: _unsupported("tools", "tool calling") = None
         functions: _unsupported("functions", "function calling") = None
         audio: _unsupported("audio", "audio output") = None
         response_format: ResponseFormat | None = Field(None, description="only {\"type\": \"text\"} is supported")
+        mm_processor_kwargs: MMProcessorKwargs | None = Field(None, description=(
+            "vLLM's spelling of request-level media options (`max_pixels`, `min_pixels`, `fps`); precedence: an "
+            "item's own field, then its `detail`, then these, then the server's default (`detail` auto)"))
 
         @model_validator(mode="before")
         @classmethod
@@ -272,15 +353,23 @@ def request_model(settings: Settings) -> type[BaseModel]:
                 raise PydanticCustomError("too_many_images", f"at most {max_images} images per request, got "
                                           f"{len(images)}", {"param": images[max_images]})
             videos = [(f"messages[{i}].content[{j}]", p) for i, m in enumerate(self.messages)
-                      if isinstance(m.content, list) for j, p in enumerate(m.content) if isinstance(p, VideoPart)]
+                      if isinstance(m.content, list) for j, p in enumerate(m.content)
+                      if isinstance(p, (VideoPart, InputVideoPart))]
             if len(videos) > max_videos:
                 raise PydanticCustomError("too_many_videos", f"at most {max_videos} videos per request, got "
                                           f"{len(videos)}", {"param": videos[max_videos][0]})
             for where, part in videos:
-                n = part.video_url.max_frames
-                if n is not None and n > max_frames:
-                    raise PydanticCustomError("invalid_value", f"`{where}.video_url.max_frames` must be between 4 "
-                                              f"and {max_frames}, got {n}", {"param": f"{where}.video_url.max_frames"})
+                inner = part.video_url if isinstance(part, VideoPart) else None
+                key = "video_url" if inner is not None else "input_video"
+                for name, value in ((f"{where}.max_frames", part.max_frames),
+                                    (f"{where}.{key}.max_frames", inner and inner.max_frames)):
+                    if value is not None and value > max_frames:
+                        raise PydanticCustomError("invalid_value", f"`{name}` must be between 4 and {max_frames}, "
+                                                  f"got {value}", {"param": name})
+            _check_media(self, settings)
+            if self.top_logprobs and not self.logprobs:
+                raise PydanticCustomError("invalid_value", "`top_logprobs` needs `logprobs` set to true",
+                                          {"param": "top_logprobs"})
             param = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
             limit = self.max_completion_tokens or self.max_tokens or default_max
             if self.min_tokens is not None and self.min_tokens > limit:
@@ -289,6 +378,104 @@ def request_model(settings: Settings) -> type[BaseModel]:
             return self
 
     return ChatCompletionRequest
+
+
+def _check_media(r, settings: Settings) -> None:
+    """The pixel and frame options against the server's limits (refused above them, never clamped),
+    and each item's resolved `min_pixels` / `min_frames` against its `max_pixels` / `max_frames`."""
+    image_cap, frame_cap = settings.detail_high_pixels, settings.video_frame_pixels("high")
+
+    def bound(name: str, value, cap: int, what: str) -> None:
+        if value is not None and value > cap:
+            raise PydanticCustomError("invalid_value", f"`{name}` must be between 1 and {cap} (the server's {what}), "
+                                      f"got {value}", {"param": name})
+
+    kw = r.mm_processor_kwargs
+    if kw is not None:
+        bound("mm_processor_kwargs.max_pixels", kw.max_pixels, max(image_cap, frame_cap), "largest pixel budget")
+        bound("mm_processor_kwargs.min_pixels", kw.min_pixels, image_cap, "image pixel budget")
+    for i, m in enumerate(r.messages):
+        if not isinstance(m.content, list):
+            continue
+        for j, part in enumerate(m.content):
+            where = f"messages[{i}].content[{j}]"
+            if isinstance(part, ImagePart):
+                o = image_options(part, kw, settings, where)
+                for name, value in o["given"]:
+                    bound(name, value, image_cap, "image pixel budget")
+                if kw is not None and kw.max_pixels is not None and not o["max_from_item"]:
+                    bound("mm_processor_kwargs.max_pixels", kw.max_pixels, image_cap, "image pixel budget")
+                if o["min_pixels"] is not None and o["min_pixels"] > o["max_pixels"]:
+                    raise PydanticCustomError(
+                        "invalid_value", f"`{o['min_name']}` must be at most the image's max_pixels "
+                        f"({o['max_pixels']}), got {o['min_pixels']}", {"param": o["min_name"]})
+            elif isinstance(part, (VideoPart, InputVideoPart)):
+                o = video_options(part, kw, settings, where)
+                for name, value in o["given"]:
+                    bound(name, value, frame_cap, "per-frame pixel budget")
+                if kw is not None and kw.max_pixels is not None and not o["max_from_item"]:
+                    bound("mm_processor_kwargs.max_pixels", kw.max_pixels, frame_cap, "per-frame pixel budget")
+                most = o["max_frames"] or settings.max_video_frames
+                if o["min_frames"] is not None and o["min_frames"] > most:
+                    raise PydanticCustomError("invalid_value", f"`{o['min_frames_name']}` must be between 1 and the "
+                                              f"video's max_frames ({most}), got {o['min_frames']}",
+                                              {"param": o["min_frames_name"]})
+
+
+def _first(*named):
+    """The first (name, value) whose value is set, else (None, None): the precedence of options."""
+    return next(((n, v) for n, v in named if v is not None), (None, None))
+
+
+def image_options(part: "ImagePart", kw: "MMProcessorKwargs | None", settings: Settings, where: str) -> dict:
+    """An image part's resolved resolution: `max_pixels` from the `image_url` object's, the part's,
+    `detail`, `mm_processor_kwargs`, the server's default (`detail` auto), first set wins;
+    `min_pixels` likewise (None: the model's own minimum)."""
+    inner = part.image_url if isinstance(part.image_url, ImageURL) else None
+    detail = inner.detail if inner is not None else None
+    item_max = _first((f"{where}.image_url.max_pixels", inner and inner.max_pixels),
+                      (f"{where}.max_pixels", part.max_pixels))
+    item_min = _first((f"{where}.image_url.min_pixels", inner and inner.min_pixels),
+                      (f"{where}.min_pixels", part.min_pixels))
+    if item_max[1] is not None:
+        max_pixels = item_max[1]
+    elif detail is None and kw is not None and kw.max_pixels is not None:
+        max_pixels = kw.max_pixels
+    else:
+        max_pixels = settings.detail_pixels(detail or "auto")
+    min_name, min_pixels = item_min if item_min[1] is not None else (
+        ("mm_processor_kwargs.min_pixels", kw.min_pixels) if kw is not None and kw.min_pixels is not None
+        else (None, None))
+    given = [(n, v) for n, v in ((f"{where}.image_url.max_pixels", inner and inner.max_pixels),
+                                 (f"{where}.max_pixels", part.max_pixels),
+                                 (f"{where}.image_url.min_pixels", inner and inner.min_pixels),
+                                 (f"{where}.min_pixels", part.min_pixels)) if v is not None]
+    return {"max_pixels": max_pixels, "min_pixels": min_pixels, "min_name": min_name, "given": given,
+            "max_from_item": item_max[1] is not None or detail is not None, "detail": detail or "auto"}
+
+
+def video_options(part, kw: "MMProcessorKwargs | None", settings: Settings, where: str) -> dict:
+    """A video part's resolved options, with the same precedence: the `video_url` object's field,
+    the part's, `detail` (per-frame pixels only), `mm_processor_kwargs`, the server's default."""
+    inner = part.video_url if isinstance(part, VideoPart) else None
+    detail = inner.detail if inner is not None else None
+    item_max = _first((f"{where}.video_url.max_pixels", inner and inner.max_pixels),
+                      (f"{where}.max_pixels", part.max_pixels))
+    if item_max[1] is not None:
+        max_pixels = item_max[1]
+    elif detail is None and kw is not None and kw.max_pixels is not None:
+        max_pixels = kw.max_pixels
+    else:
+        max_pixels = settings.video_frame_pixels(detail or "auto")
+    fps = _first(("", inner and inner.fps), ("", part.fps), ("", kw and kw.fps))[1]
+    max_frames = _first(("", inner and inner.max_frames), ("", part.max_frames))[1]
+    min_frames_name, min_frames = _first((f"{where}.video_url.min_frames", inner and inner.min_frames),
+                                         (f"{where}.min_frames", part.min_frames))
+    given = [(n, v) for n, v in ((f"{where}.video_url.max_pixels", inner and inner.max_pixels),
+                                 (f"{where}.max_pixels", part.max_pixels)) if v is not None]
+    return {"max_pixels": max_pixels, "fps": fps, "max_frames": max_frames, "min_frames": min_frames,
+            "min_frames_name": min_frames_name, "given": given, "detail": detail or "auto",
+            "max_from_item": item_max[1] is not None or detail is not None}
 
 
 # --------------------------------------------------------------------------- errors
@@ -336,12 +523,14 @@ def _explain(err: dict, model) -> tuple[str, str, str]:
     if kind in ("part_type", "text_part_type"):
         if not isinstance(value, dict):
             return f"`{p}` must be an object", p, "invalid_type"
-        if value.get("type") in ("image_url", "video_url"):
+        if value.get("type") in ("image_url", "video_url", "input_video"):
             return f"images and videos are accepted in user messages only (`{p}`)", p, "invalid_value"
-        allowed = '"text", "image_url" or "video_url"' if kind == "part_type" else '"text"'
+        allowed = '"text", "image_url", "video_url" or "input_video"' if kind == "part_type" else '"text"'
         return f"`{p}.type` must be {allowed}, got {value.get('type')!r}", f"{p}.type", "invalid_value"
     if kind == "content_type":
         return f"`{p}` must be a string or a list of parts", p, "invalid_type"
+    if kind == "input_video_type":
+        return f"`{p}` must be an object with `data` or `url`, or the base64 as a string", p, "invalid_type"
     if kind == "image_url_type":
         return f"`{p}` must be an object with a string `url`, or the URL as a string", p, "invalid_type"
     if kind == "stop_type":
@@ -443,8 +632,9 @@ def parse_chat(body, settings: Settings, defaults: dict | None = None, fetch_rem
         top_p=float(pick(r.top_p, "top_p", 1.0)), top_k=int(pick(r.top_k, "top_k", 0)),
         repetition_penalty=float(pick(r.repetition_penalty, "repetition_penalty", 1.0)),
         frequency_penalty=r.frequency_penalty or 0.0, presence_penalty=r.presence_penalty or 0.0, seed=r.seed,
-        stop=tuple(s for s in stop if s))
-    messages = [Message(ROLES[m.role], _parts(m.content, f"messages[{i}]", settings, fetch_remote))
+        stop=tuple(s for s in stop if s), logprobs=(r.top_logprobs or 0) if r.logprobs else None)
+    messages = [Message(ROLES[m.role], _parts(m.content, f"messages[{i}]", settings, fetch_remote,
+                                              r.mm_processor_kwargs))
                 for i, m in enumerate(r.messages)]
     so = r.stream_options or StreamOptions()
     request = ChatRequest(messages=messages, sampling=sampling, result_cache=r.result_cache)
@@ -452,41 +642,55 @@ def parse_chat(body, settings: Settings, defaults: dict | None = None, fetch_rem
                      "model": r.model}
 
 
-def _parts(content, where: str, settings: Settings, fetch_remote) -> list:
+def _parts(content, where: str, settings: Settings, fetch_remote, kw: MMProcessorKwargs | None = None) -> list:
     if content is None:
         return [""]
     if isinstance(content, str):
         return [content]
     out = []
     for j, part in enumerate(content):
+        at = f"{where}.content[{j}]"
         if isinstance(part, TextPart):
             out.append(part.text)
         elif isinstance(part, VideoPart):
-            out.append(_video(part.video_url, f"{where}.content[{j}].video_url", settings, fetch_remote))
+            out.append(_video(part.video_url, f"{at}.video_url", settings, fetch_remote,
+                              video_options(part, kw, settings, at)))
+        elif isinstance(part, InputVideoPart):
+            out.append(_video(part.as_video_url(), f"{at}.input_video", settings, fetch_remote,
+                              video_options(part, kw, settings, at)))
         else:
-            out.append(_image(part.image_url, f"{where}.content[{j}].image_url", settings, fetch_remote))
+            out.append(_image(part.image_url, f"{at}.image_url", settings, fetch_remote,
+                              image_options(part, kw, settings, at)))
     return out
 
 
-def _image(spec, param: str, settings: Settings, fetch_remote) -> ImageInput:
-    url, detail = (spec, None) if isinstance(spec, str) else (spec.url, spec.detail)
-    detail = detail or "auto"
+def _image(spec, param: str, settings: Settings, fetch_remote, options: dict | None = None) -> ImageInput:
+    url = spec if isinstance(spec, str) else spec.url
+    o = options or {}
+    detail = o.get("detail") or (None if isinstance(spec, str) else spec.detail) or "auto"
+
+    def image(data: bytes) -> ImageInput:
+        return ImageInput(data=data, detail=detail, param=param, max_pixels=o.get("max_pixels"),
+                          min_pixels=o.get("min_pixels"))
+
     if url.startswith("data:"):
-        return ImageInput(data=decode_data_url(url, param, settings.max_image_bytes), detail=detail, param=param)
+        return image(decode_data_url(url, param, settings.max_image_bytes))
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme in ("http", "https"):
         if fetch_remote is None:
             raise InvalidRequest("remote image URLs are disabled on this server; send the image as a data URL "
                                  "(data:image/jpeg;base64,...)", param=param, code="remote_images_disabled")
-        return ImageInput(data=fetch_remote(url, param), detail=detail, param=param)
+        return image(fetch_remote(url, param))
     raise InvalidRequest(f"unsupported image URL scheme {scheme or url[:16]!r}: use a data URL", param=param,
                          code="invalid_image_url")
 
 
-def _video(spec: VideoURL, param: str, settings: Settings, fetch_remote) -> VideoInput:
+def _video(spec: VideoURL, param: str, settings: Settings, fetch_remote, options: dict | None = None) -> VideoInput:
+    o = options or {"detail": spec.detail or "auto", "fps": spec.fps, "max_frames": spec.max_frames}
+
     def clip(data: bytes) -> VideoInput:
-        return VideoInput(data=data, detail=spec.detail or "auto", fps=spec.fps, max_frames=spec.max_frames,
-                          param=param)
+        return VideoInput(data=data, detail=o["detail"], fps=o["fps"], max_frames=o["max_frames"], param=param,
+                          min_frames=o.get("min_frames"), max_pixels=o.get("max_pixels"))
 
     url = spec.url
     if url.startswith("data:"):
@@ -590,11 +794,29 @@ class AssistantReply(_Out):
     content: str
 
 
+class TopLogprob(_Out):
+    token: str = Field(description="the token's text (U+FFFD for a part of a character its bytes do not complete)")
+    logprob: float = Field(le=0, description="natural log of its probability; -9999.0 for a forbidden token")
+    bytes: list[int] = Field(description="the token's UTF-8 bytes")
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(max_length=MAX_TOP_LOGPROBS, description=(
+        "the `top_logprobs` most likely tokens at this position, most likely first"))
+
+
+class ChoiceLogprobs(_Out):
+    """OpenAI's `logprobs` of a choice: one entry per answer token (the end-of-sequence token is not one)."""
+
+    content: list[TokenLogprob] | None
+    refusal: None = None
+
+
 class Choice(_Out):
     index: Literal[0]
     message: AssistantReply
     finish_reason: FinishReason
-    logprobs: None
+    logprobs: ChoiceLogprobs | None = Field(description="null unless the request set `logprobs`")
 
 
 class BoxObject(_Out):
@@ -639,7 +861,7 @@ class ChunkChoice(_Out):
     index: Literal[0]
     delta: Delta
     finish_reason: FinishReason | None
-    logprobs: None
+    logprobs: ChoiceLogprobs | None = Field(description="with `logprobs`: the entries of this chunk's tokens")
 
 
 class ChatCompletionChunk(_Out):

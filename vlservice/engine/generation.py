@@ -49,13 +49,19 @@ class Generation:
             self.cancel()  # a consumer that stops early (client gone) frees the model
 
     def result(self) -> dict:
-        """Run to the end: {'text', 'finish_reason', 'usage', 'timings'} or raise the APIError."""
-        parts = []
+        """Run to the end: {'text', 'finish_reason', 'usage', 'timings'} (and 'logprobs', the
+        entries of every token, when the request asked for them) or raise the APIError."""
+        parts: list[str] = []
+        entries: list[dict] = []
         for ev in self.events():
             if ev.kind == "delta":
                 parts.append(ev.text)
+                entries.extend(ev.data.get("logprobs", ()))
             elif ev.kind == "error":
                 raise ev.error
             elif ev.kind == "done":
-                return {"text": "".join(parts), **ev.data}
+                out = {"text": "".join(parts), **ev.data}
+                if self.request.sampling.logprobs is not None:
+                    out["logprobs"] = entries
+                return out
         raise EngineError("generation ended without a result")

@@ -301,12 +301,15 @@ def patchify(image: np.ndarray, spec: ImageSpec) -> tuple[np.ndarray, int, int]:
     return np.ascontiguousarray(patches.reshape(gh * gw, c * t * p * p), dtype=np.float32), gh, gw
 
 
-def prepare(rgb: np.ndarray, spec: ImageSpec, max_pixels: int | None = None) -> Prepared:
-    """A decoded RGB image to `pixel_values` and `grid_thw` under a pixel budget."""
+def prepare(rgb: np.ndarray, spec: ImageSpec, max_pixels: int | None = None,
+            min_pixels: int | None = None) -> Prepared:
+    """A decoded RGB image to `pixel_values` and `grid_thw` under a pixel budget; `min_pixels` (a
+    request's) raises the model's lower bound, never above the budget."""
     h0, w0 = rgb.shape[:2]
     budget = spec.max_pixels if max_pixels is None else min(max_pixels, spec.max_pixels)
     budget = max(budget, spec.min_pixels)
-    h, w = smart_resize(h0, w0, spec.factor, spec.min_pixels, budget)
+    floor = spec.min_pixels if min_pixels is None else min(max(min_pixels, spec.min_pixels), budget)
+    h, w = smart_resize(h0, w0, spec.factor, floor, budget)
     resized = resize_bicubic(rgb, h, w)
     scaled = resized.astype(np.float32) * np.float32(1 / 255)
     mean = np.asarray(spec.image_mean, dtype=np.float32)

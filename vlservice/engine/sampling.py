@@ -1,5 +1,6 @@
 """Choosing the next token: greedy, or temperature / top-k / top-p with a per-request seed;
-repetition, frequency and presence penalties; tokens forbidden until `min_tokens`."""
+repetition, frequency and presence penalties; tokens forbidden until `min_tokens`; and, when the
+request asks (`logprobs`), the log probabilities of the distribution the token was drawn from."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import math
 import torch
 
 from .types import Sampling
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else -9999.0
 
 
 class Sampler:
@@ -19,15 +24,33 @@ class Sampler:
     def __init__(self, sampling: Sampling):
         self.s = sampling
         self.counts: dict[int, int] = {}  # token -> times in the answer so far
+        self.last: tuple[int, float, list[tuple[int, float]]] | None = None  # with `logprobs`: the last token's
         self.gen = None
         if not sampling.greedy:
             self.gen = torch.Generator()
             self.gen.manual_seed(sampling.seed if sampling.seed is not None else torch.seed())
 
     def __call__(self, logits: torch.Tensor, seen: list[int], forbid: set | None = None) -> int:
-        token = self._choose(self._penalised(logits, seen, forbid))
+        penalised = self._penalised(logits, seen, forbid)
+        token = self._choose(penalised)
+        if self.s.logprobs is not None:
+            self.last = self.logprobs(penalised, token)
         self.counts[token] = self.counts.get(token, 0) + 1
         return token
+
+    def logprobs(self, penalised: torch.Tensor, token: int) -> tuple[int, float, list[tuple[int, float]]]:
+        """(token, its log probability, the `logprobs` most likely (id, log probability), best first)
+        under the distribution this sampler used: the logits after the penalties and the forbidden
+        tokens, divided by the temperature (greedy: as they are), before top-k / top-p cut it (as
+        vLLM reports them). A forbidden token's -inf is written as -9999.0, as OpenAI does."""
+        scaled = penalised if self.s.greedy else penalised / self.s.temperature
+        lp = torch.log_softmax(scaled.to(torch.float32), dim=-1)
+        k = min(int(self.s.logprobs or 0), lp.shape[-1])
+        top: list[tuple[int, float]] = []
+        if k:
+            values, ids = torch.topk(lp, k)
+            top = [(int(i), _finite(float(v))) for i, v in zip(ids, values)]
+        return token, _finite(float(lp[token])), top
 
     def _penalised(self, logits: torch.Tensor, seen: list[int], forbid: set | None) -> torch.Tensor:
         s = self.s

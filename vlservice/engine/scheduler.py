@@ -40,6 +40,7 @@ import numpy as np
 from ..errors import APIError, Cancelled, EngineError, NotReady, QueueTimeout
 from .heap import malloc_trim
 from .lm import Chunk, SeqPos
+from .logprobs import TokenText
 from .sampling import Sampler
 from .textstream import TextStream
 from .types import PRIORITIES, Event
@@ -95,6 +96,7 @@ class Sequence:
         self.fed = list(self.prompt.input_ids)
         self.n = 0
         self.pending: int | None = None  # the token to feed at the next decode step
+        self.logprobs: list[dict] = []  # with `logprobs`: entries of tokens not yet sent with a delta
         self.t_first = 0.0
 
     @property
@@ -132,6 +134,7 @@ class Scheduler:
         self._threads = max(1, service.settings.num_threads)
         self._torch_threads = self._threads
         self.listeners = service.step_listeners  # callables(batch size) per decode step (metrics)
+        self.token_text = TokenText(service.tokenizer)  # `logprobs` entries' text and bytes
 
     # ----------------------------------------------------------------- callers' side
     def start(self) -> None:
@@ -466,9 +469,11 @@ class Scheduler:
             return self._finish(seq, "stop")
         seq.n += 1
         seq.seen.append(token)
+        if seq.sampler.last is not None:  # each delta carries the entries of the tokens it completes
+            seq.logprobs.append(self.token_text.entry(*seq.sampler.last))
         delta = seq.stream.push(token)
         if delta:
-            seq.gen.queue.put(Event("delta", text=delta))
+            seq.gen.queue.put(self._delta(seq, delta))
         if seq.stream.stopped:
             return self._finish(seq, "stop")
         if seq.n >= seq.sampling.max_tokens:
@@ -476,6 +481,13 @@ class Scheduler:
         if seq.gen.cancelled.is_set():
             return self._drop(seq, Cancelled("the request was cancelled"))
         seq.pending = token
+
+    @staticmethod
+    def _delta(seq: Sequence, text: str) -> Event:
+        if seq.sampling.logprobs is None:
+            return Event("delta", text=text)
+        entries, seq.logprobs = seq.logprobs, []
+        return Event("delta", text=text, data={"logprobs": entries})
 
     # ----------------------------------------------------------------- leaving
     def _release(self, seq: Sequence) -> None:
@@ -495,8 +507,8 @@ class Scheduler:
     def _finish(self, seq: Sequence, finish: str) -> None:
         self._release(seq)
         tail = seq.stream.flush()
-        if tail:
-            seq.gen.queue.put(Event("delta", text=tail))
+        if tail or seq.logprobs:
+            seq.gen.queue.put(self._delta(seq, tail))
         now = time.perf_counter()
         decode_s = now - seq.t_first
         n, prompt_n = seq.n, len(seq.prompt) - seq.start

@@ -253,7 +253,7 @@ class VLModelService:
                 v = self._video(img)
                 for k, ms in v.timings.items():
                     video_timings[k] = video_timings.get(k, 0.0) + ms
-                budget = self.settings.video_frame_pixels(img.detail)
+                budget = img.max_pixels or self.settings.video_frame_pixels(img.detail)
                 prepared.append(v)
                 budgets.append(budget)
                 keys.append(feature_key(v.digest, v.grid_thw, budget, self.model_fp, self.encoder.name))
@@ -266,9 +266,9 @@ class VLModelService:
                 raise
             decode_s += time.perf_counter() - t
             t = time.perf_counter()
-            budget = self.settings.detail_pixels(img.detail)
+            budget = img.max_pixels or self.settings.detail_pixels(img.detail)
             try:
-                p = imgs.prepare(rgb, self.spec, budget)
+                p = imgs.prepare(rgb, self.spec, budget, img.min_pixels)
             except APIError as exc:
                 exc.param = exc.param or img.param
                 raise
@@ -291,7 +291,7 @@ class VLModelService:
         spans = prompt.media_spans(self.decoder.image_token_id, self.decoder.video_token_id)
         images = [(a, b, k) for (a, b), k in zip(spans, keys)]
         result_key = None
-        if request.result_cache and s.greedy:
+        if request.result_cache and s.greedy and s.logprobs is None:  # the cache keeps no log probabilities
             result_key = ResultCache.key(self.model_fp, self.encoder.name, prompt.input_ids, keys, s)
         work = {"prepared": prepared, "keys": keys, "prompt": prompt, "images": images, "result_key": result_key,
                 "timings": {"image_decode_ms": decode_s * 1e3, "preprocess_ms": prep_s * 1e3, **video_timings,
@@ -330,7 +330,7 @@ class VLModelService:
         """Decode, sample and preprocess one clip (bad input: an APIError naming its part)."""
         try:
             return vid.load(clip.data, self.video_spec, self.video_limits, clip.fps, clip.max_frames,
-                            self.settings.video_frame_pixels(clip.detail))
+                            clip.max_pixels or self.settings.video_frame_pixels(clip.detail), clip.min_frames)
         except APIError as exc:
             exc.param = exc.param or clip.param
             raise

@@ -23,6 +23,7 @@ class Sampling:
     presence_penalty: float = 0.0  # OpenAI's: once for any token the answer so far holds
     seed: int | None = None
     stop: tuple = ()
+    logprobs: int | None = None  # None: off; else report each token's log probability and this many alternatives
 
     @property
     def greedy(self) -> bool:
@@ -37,6 +38,8 @@ class ImageInput:
     data: bytes
     detail: str = "auto"
     param: str = "image"  # where it came from in the request, for error messages
+    max_pixels: int | None = None  # the resolved pixel budget (None: `detail`'s)
+    min_pixels: int | None = None  # scaled up to at least this (None: the model's minimum)
 
 
 @dataclass
@@ -46,6 +49,8 @@ class VideoInput:
     fps: float | None = None  # frames sampled per second (None: the model's, 2)
     max_frames: int | None = None  # at most this many sampled frames (None: VL_MAX_VIDEO_FRAMES)
     param: str = "video"
+    min_frames: int | None = None  # at least this many sampled frames (None: the model's, 4)
+    max_pixels: int | None = None  # each sampled frame's budget (None: `detail`'s)
 
 
 @dataclass

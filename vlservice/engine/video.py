@@ -263,7 +263,7 @@ def _open(name: str, kind: str):
 # --------------------------------------------------------------------------- decode + prepare
 
 def decode(data: bytes, spec: VideoSpec, limits: Limits = Limits(), fps: float | None = None,
-           max_frames: int | None = None) -> tuple[list, np.ndarray, Header]:
+           max_frames: int | None = None, min_frames: int | None = None) -> tuple[list, np.ndarray, Header]:
     """Bytes to (sampled RGB frames, their indices, the header), or InvalidVideo / VideoTooLarge
     (before decoding when the header tells). The temporary file FFmpeg reads from is gone when this
     returns, whatever happened."""
@@ -285,7 +285,8 @@ def decode(data: bytes, spec: VideoSpec, limits: Limits = Limits(), fps: float |
                 header.frames = _count(cap, header, limits)
                 cap.release()
                 cap = _open(name, kind)
-            indices = sample_indices(header.frames, header.fps, fps or spec.fps, spec.min_frames, cap_frames)
+            least = spec.min_frames if min_frames is None else min(min_frames, cap_frames)
+            indices = sample_indices(header.frames, header.fps, fps or spec.fps, least, cap_frames)
             return _read(cap, header, indices), indices, header
         finally:
             cap.release()
@@ -294,10 +295,11 @@ def decode(data: bytes, spec: VideoSpec, limits: Limits = Limits(), fps: float |
 
 
 def load(data: bytes, spec: VideoSpec, limits: Limits = Limits(), fps: float | None = None,
-         max_frames: int | None = None, frame_pixels: int | None = None) -> PreparedVideo:
+         max_frames: int | None = None, frame_pixels: int | None = None,
+         min_frames: int | None = None) -> PreparedVideo:
     """Bytes to a `PreparedVideo` (decode, then prepare), with the time each step took."""
     t0 = time.perf_counter()
-    frames, indices, header = decode(data, spec, limits, fps, max_frames)
+    frames, indices, header = decode(data, spec, limits, fps, max_frames, min_frames)
     t1 = time.perf_counter()
     prepared = prepare(frames, indices, header, spec, frame_pixels)
     prepared.timings = {"video_decode_ms": (t1 - t0) * 1e3, "video_preprocess_ms": (time.perf_counter() - t1) * 1e3}

@@ -85,7 +85,8 @@ def chat_completions():
     body = {
         "id": gen.id, "object": "chat.completion", "created": gen.created, "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": result["text"]},
-                     "finish_reason": result["finish_reason"], "logprobs": None}],
+                     "finish_reason": result["finish_reason"],
+                     "logprobs": _logprobs(result.get("logprobs"))}],
         "usage": result["usage"], "timings": result["timings"], "system_fingerprint": ctx.service.model_fp,
     }
     boxes = grounding(parse(result["text"]), gen.image_sizes)
@@ -105,11 +106,16 @@ def _read_body() -> bytes:
     return data
 
 
-def _chunk(gen, model, delta=None, finish=None, **extra) -> str:
+def _logprobs(entries) -> dict | None:
+    """A choice's `logprobs` (OpenAI's shape), or None when the request did not ask."""
+    return None if entries is None else {"content": entries, "refusal": None}
+
+
+def _chunk(gen, model, delta=None, finish=None, logprobs=None, **extra) -> str:
     """One `data:` event; `extra` fields at the top level, those that are None left out."""
     body = {"id": gen.id, "object": "chat.completion.chunk", "created": gen.created, "model": model,
             "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish,
-                                                  "logprobs": None}],
+                                                  "logprobs": _logprobs(logprobs)}],
             "usage": None}
     body.update((k, v) for k, v in extra.items() if v is not None)
     return "data: " + json.dumps(body, ensure_ascii=False) + "\n\n"
@@ -145,7 +151,7 @@ def _sse(gen, model, include_usage, record, t0, include_stages=False):
             yield _stage(ev.data["stage"], include_stages)
         elif ev.kind == "delta":
             boxes.feed(ev.text)
-            yield _chunk(gen, model, {"content": ev.text})
+            yield _chunk(gen, model, {"content": ev.text}, logprobs=ev.data.get("logprobs"))
         elif ev.kind == "error":
             record.finish(ev.error.status)
             yield "data: " + json.dumps(ev.error.to_dict()) + "\n\n"
