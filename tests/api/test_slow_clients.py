@@ -6,6 +6,7 @@ VL_REQUEST_READ_TIMEOUT_S gets a 408 and its connection closes; a pipelined, a c
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
@@ -29,7 +30,8 @@ def server(cache_dir):
 
     ARTIFACTS.mkdir(exist_ok=True)
     env = {"VL_MODEL": os.environ.get("VL_TEST_MODEL", "demo"), "VL_CACHE_DIR": str(cache_dir),
-           "VL_REQUEST_READ_TIMEOUT_S": str(READ_TIMEOUT_S)}  # VL_HTTP_THREADS: the default 16
+           "VL_REQUEST_READ_TIMEOUT_S": str(READ_TIMEOUT_S),  # VL_HTTP_THREADS: the default 16
+           "VL_MAX_TOKENS_CAP": "8000"}
     with ServerProcess(env, ARTIFACTS / "server-slow-clients.log") as proc:
         yield proc
 
@@ -192,3 +194,32 @@ def test_pipelined_chunked_and_expect_continue_requests_are_served(server):
         while b'"choices"' not in answer and (chunk := s.recv(65536)):
             answer += chunk
     assert b"HTTP/1.1 200 " in answer, answer[:300]
+
+
+def test_a_client_that_goes_away_is_still_noticed_through_the_read_ahead_socket(server):
+    """The disconnect watcher peeks at the socket the thread got (the read-ahead wrapper): a JSON
+    request whose client leaves is cancelled, as with stock gthread (tests/api/test_disconnect.py)."""
+    def stats():
+        return requests.get(server.url + "/api/stats", timeout=10).json()
+
+    def wait_for(check, what):  # polls; the deadline only tells "never" from "happened"
+        end = time.monotonic() + 15
+        while time.monotonic() < end:
+            if value := check():
+                return value
+            time.sleep(0.1)
+        raise AssertionError(what)
+
+    before = stats()["counters"]
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("POST", "/v1/chat/completions", json.dumps(
+        {"model": "demo", "messages": [{"role": "user", "content": "Tell a very long story."}],
+         "max_tokens": 8000, "min_tokens": 8000, "result_cache": False}), {"Content-Type": "application/json"})
+    wait_for(lambda: stats()["busy"], "the model never worked on the request")
+    conn.close()
+    def cancelled_and_free():
+        now = stats()
+        return now["counters"] if not now["busy"] and now["counters"]["cancelled"] > before["cancelled"] else None
+
+    after = wait_for(cancelled_and_free, "not cancelled")
+    assert after["completed"] == before["completed"]
