@@ -6,7 +6,9 @@ imports; `vlservice.config` is cheap to import (no torch).
 - preload_app: the app (weights, ONNX export) is built once in the master, before the fork, so
   the weights are shared copy-on-write between workers instead of loaded twice.
 - gthread workers: one thread streams a generation while others answer /healthz, /api/stats and
-  the page. The model itself is serialised by the service's lock and bounded wait queue.
+  the page. The model itself is serialised by the service's lock and bounded wait queue. Our
+  subclass (vlservice/http/worker.py) reads each request whole in the worker's main loop before a
+  thread gets it, so slow clients cannot take the threads (VL_REQUEST_READ_TIMEOUT_S, else 408).
 - post_worker_init: torch and ONNX Runtime thread pools are not fork-safe, so each worker sets
   its threads, opens its ONNX Runtime session and warms up after the fork (in a background
   thread: /healthz answers at once, /readyz says 503 until the warm-up is done). VL_DEFER_START
@@ -34,7 +36,7 @@ _settings = Settings.from_env()  # names starting with "_" are not Gunicorn sett
 
 bind = _settings.bind
 workers = _settings.workers
-worker_class = "gthread"
+worker_class = "vlservice.http.worker.ReadAheadWorker"  # gthread that reads requests whole first
 threads = _settings.http_threads
 preload_app = True
 timeout = _settings.worker_timeout

@@ -84,7 +84,7 @@ class Settings:
     disk_cache_mb: int = 2048  # disk tier; 0 turns it off
     # Several replicas (README "Several replicas"): the caches' shared tier, and who answered.
     redis_url: str = ""  # redis://host:6379/0; empty: no shared tier (each replica caches alone)
-    redis_timeout_s: float = 0.25  # one Redis call; slower counts as an outage (local caches only)
+    redis_timeout_s: float = 0.25  # a whole Redis call (not per socket op); slower is an outage (local caches only)
     redis_ttl_s: int = 86400  # shared entries expire after this (0: never; Redis' maxmemory LRU still bounds them)
     replica_name: str = ""  # the X-Served-By header; empty: the host name (the pod's name in Kubernetes)
     warmup: bool = True
@@ -98,6 +98,7 @@ class Settings:
     bind: str = "0.0.0.0:8000"
     http_threads: int = 16  # threads per worker: the page, stats and health answer during a generation
     worker_timeout: int = 120  # stuck-worker timeout (a long generation does not trip it)
+    request_read_timeout_s: float = 30.0  # a request's headers and body must arrive within this (else 408)
     graceful_timeout: int = 30  # seconds a worker gets to finish its requests on shutdown
     access_log: str = "-"  # "-" = stdout, or a file path
     # Set by gunicorn.conf.py, not by users: wsgi.py builds the app before the fork without

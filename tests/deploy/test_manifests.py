@@ -127,6 +127,20 @@ def test_the_ingress_hashes_sessions_like_the_nginx_template():
     assert retry == ann[prefix + "proxy-next-upstream"]
 
 
+def test_nginx_and_the_ingress_buffer_requests_whole_before_a_replica_sees_them():
+    ann = docs()[("Ingress", "vlservice")]["metadata"]["annotations"]
+    prefix = "nginx.ingress.kubernetes.io/"
+    assert ann[prefix + "proxy-request-buffering"] == "on"
+    template = (ROOT / "deploy" / "nginx" / "templates" / "default.conf.template").read_text()
+    assert re.search(r"^\s*proxy_request_buffering on;", template, re.M)
+    assert nginx_size(re.search(r"^\s*client_body_buffer_size (\S+);", template, re.M).group(1)) \
+        == nginx_size(ann[prefix + "client-body-buffer-size"])
+    header = int(re.search(r"^\s*client_header_timeout (\d+)s;", template, re.M).group(1))
+    body = int(re.search(r"^\s*client_body_timeout (\d+)s;", template, re.M).group(1))
+    # nginx gives up on a slow client no later than a replica would (its deadline is for the whole request)
+    assert header <= DEFAULTS.request_read_timeout_s and body <= DEFAULTS.request_read_timeout_s
+
+
 def test_compose_scale_runs_what_the_tests_start():
     compose = yaml.safe_load((ROOT / "compose.scale.yaml").read_text())
     services = compose["services"]

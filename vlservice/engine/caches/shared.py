@@ -6,13 +6,20 @@ an image encoded on replica A is a hit on replica B. The conversation's KV cache
 is large, and lives beside the model that made it); the load balancer keeps a session on its
 replica instead.
 
-Redis is a cache, never a dependency: every call has a short timeout and no retries, and any
+Redis is a cache, never a dependency: every call has a short deadline and no retries, and any
 failure (down, slow, full, an entry that does not decode) makes the call a miss or a skipped
 write, counted, and the request goes on with the local tiers. The first failure of an outage is
 logged (once); for `RETRY_S` after it Redis is not asked at all, so a dead Redis costs requests
 nothing; then it is tried again, and the first success ends the outage (logged too). Entries
 expire after `VL_REDIS_TTL_S`; Redis' own `maxmemory` with `allkeys-lru` bounds the whole tier
 (deploy/k8s/redis.yaml, compose.scale.yaml).
+
+The deadline (`VL_REDIS_TIMEOUT_S`) is per call, not per socket operation: redis-py's
+socket_timeout bounds each connect, send and recv on its own, so a Redis that answers slowly (a
+large value trickling in, a connect and a send and a recv each just under the timeout) could hold
+a request many times longer. Each call therefore runs on a small pool of its own threads and the
+request waits for it at most the deadline; past it the call is a fallback like any failure (the
+late call, still bounded by socket_timeout, ends in its pool thread and its result is dropped).
 
 Features travel as bytes with their shapes and dtypes (`pack_features`), with a checksum, so a
 truncated or foreign value is refused, not fed to the model.
@@ -26,6 +33,8 @@ import logging
 import struct
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
@@ -34,6 +43,7 @@ from ..vision import VisionFeatures
 log = logging.getLogger(__name__)
 
 RETRY_S = 1.0  # after a failure, Redis is left alone this long (requests go on locally meanwhile)
+POOL_THREADS = 4  # Redis calls in flight at once per process (a late call holds one until socket_timeout)
 MAGIC = b"VLF1"
 _HEAD = struct.Struct("<4sI")  # magic, length of the JSON header that follows
 
@@ -85,10 +95,13 @@ class SharedStore:
         self.url_shown = url.split("@")[-1]  # never log a password
         self.namespace = namespace
         self.ttl_s = ttl_s
+        self.timeout_s = timeout_s
         self._redis = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
                                            retry=Retry(NoBackoff(), 0))
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self._lock = threading.Lock()
+        # threads start on the first call (after the fork, in the worker), not here
+        self._pool = ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="vl-redis")
         self._down_until = 0.0
         self.up = True
         self.counts = {name: 0 for name in ("hits", "misses", "writes", "fallbacks", "outages", "corrupt")}
@@ -129,9 +142,11 @@ class SharedStore:
         if time.monotonic() < self._down_until:
             self._count("fallbacks")
             return None
+        future = self._pool.submit(op)
         try:
-            result = op()
-        except self._errors as exc:
+            result = future.result(timeout=self.timeout_s)
+        except (*self._errors, FutureTimeout) as exc:
+            future.cancel()  # if it has not started yet (the pool was busy), it never runs
             with self._lock:
                 self.counts["fallbacks"] += 1
                 self._down_until = time.monotonic() + RETRY_S
@@ -140,8 +155,9 @@ class SharedStore:
                     self.up = False
                     self.counts["outages"] += 1
             if first:
+                why = f"no answer within {self.timeout_s} s" if isinstance(exc, FutureTimeout) else exc
                 log.warning("Redis at %s unusable (%s: %s): serving from local caches until it is back",
-                            self.url_shown, type(exc).__name__, exc)
+                            self.url_shown, type(exc).__name__, why)
             return None
         if not self.up:
             with self._lock:
