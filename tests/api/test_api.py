@@ -102,9 +102,11 @@ def test_cpu_history_moves_while_generating(server):
     done = threading.Event()
 
     def generate():
-        for _ in range(4):  # about two seconds of model work, whatever the model's speed
-            requests.post(server.url + "/v1/chat/completions", json=body, timeout=120)
-        done.set()
+        try:
+            for _ in range(4):  # about two seconds of model work, whatever the model's speed
+                requests.post(server.url + "/v1/chat/completions", json=body, timeout=600)
+        finally:
+            done.set()  # also when a request failed: the loop below must end
 
     t0 = time.time()
     threading.Thread(target=generate, daemon=True).start()
