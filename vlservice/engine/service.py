@@ -35,6 +35,7 @@ from . import images as imgs
 from . import video as vid
 from .caches import FeatureCache, PrefixCache, ResultCache, SharedStore, feature_key
 from .checkpoints import DEMO_NOTICE, ModelSource, resolve
+from .constrain import Grammars
 from .counters import Counters
 from .decoder import Decoder
 from .generation import Generation
@@ -107,6 +108,7 @@ class VLModelService:
         eos = gen.eos_token_id if isinstance(gen.eos_token_id, (list, tuple)) else [gen.eos_token_id]
         eos = [e for e in eos if e is not None] or [self.tokenizer.eos_token_id]
         self.decoder = Decoder(self.model, eos)
+        self.grammars = Grammars(self.tokenizer, self.decoder.eos_ids)  # `response_format` matchers
         self.lean: LeanLM | SplitLM = LeanLM(self.model)
         self.generation_defaults = {
             "temperature": float(getattr(gen, "temperature", None) or 0.0) if gen.do_sample else 0.0,
