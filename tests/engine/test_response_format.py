@@ -152,7 +152,7 @@ def test_schema_answers_parse_and_validate_and_neighbours_are_as_alone(svc):
     for result, schema in zip(schema_alone, (SHAPES, NESTED)):
         assert result["finish_reason"] == "stop", result["text"]
         jsonschema.validate(json.loads(result["text"]), schema)
-        assert result["timings"]["grammar_mask_ms"] >= 0
+        assert result["timings"]["grammar_mask_ms"] >= 0 and result["timings"]["grammar_compile_ms"] >= 0
     # four rows in one batch: two unconstrained, two constrained by different schemas
     mixed = together(svc, [request(1, max_tokens=24, logprobs=0), request(3, SHAPES, max_tokens=120),
                            request(2, max_tokens=24, logprobs=0), request(4, NESTED, max_tokens=120)])

@@ -90,8 +90,10 @@ class Sequence:
         self.inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[torch.Tensor] | None] | None = None
         self.prompt_logits: torch.Tensor | None = None
         self.prefill_s = 0.0
-        # `response_format`: this sequence's own grammar matcher (compiled grammars are cached)
-        constraint = gen.service.grammars.constraint(self.sampling.grammar) if self.sampling.grammar else None
+        # `response_format`: this sequence's own grammar matcher, built at submission
+        constraint = work.get("constraint")
+        if constraint is None and self.sampling.grammar:
+            constraint = gen.service.grammars.constraint(self.sampling.grammar)
         self.sampler = Sampler(self.sampling, constraint)
         self.stream = TextStream(gen.service.tokenizer, self.sampling.stop)
         self.seen = list(self.prompt.input_ids)
