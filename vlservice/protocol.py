@@ -5,9 +5,8 @@ documentation cannot promise what the validator refuses, nor the reverse.
 
 Policy: the parameters we implement are checked strictly (JSON types as JSON Schema reads them:
 5.0 is an integer, "5" is not; out of range is refused, never clamped); OpenAI parameters we
-cannot honour are refused when they ask for something (`n` > 1, `tools`, a
-`response_format` other than text) and accepted when they ask for nothing; names OpenAI does not
-define are ignored, as OpenAI's own API does.
+cannot honour are refused when they ask for something (`n` > 1, `tools`) and accepted when they
+ask for nothing; names OpenAI does not define are ignored, as OpenAI's own API does.
 
 What the models cannot say in JSON Schema is checked in the request model's last step (at most
 `max_images` images in all, `min_tokens` <= `max_tokens`); what needs the bytes (a data URL's
@@ -27,7 +26,7 @@ from typing import Annotated, Any, Literal, Union
 
 from annotated_types import Ge, Gt, Le
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag,
-                      ValidationError, WithJsonSchema, field_validator, model_validator)
+                      ValidationError, WithJsonSchema, model_validator)
 from pydantic_core import PydanticCustomError
 
 from .config import Settings
@@ -243,9 +242,67 @@ class StreamOptions(_In):
         "extension: stages (queued, vision_encode, prefill) also as `event: vlservice.stage` events"))
 
 
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+class _Format(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+
+class TextFormat(_Format):
+    """Free text (the default)."""
+
     type: Literal["text"]
+
+
+class JsonObjectFormat(_Format):
+    """The answer is one JSON object (any keys), enforced by grammar-constrained decoding."""
+
+    type: Literal["json_object"]
+
+
+class JsonSchemaSpec(_Format):
+    name: str = Field(min_length=1, max_length=64, description="the schema's name (as OpenAI's; not used)")
+    description: str | None = Field(None, description="accepted and ignored")
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description=(
+        "a JSON Schema the answer must validate against (objects, arrays, enums, strings, numbers with bounds, "
+        "$defs/$ref, anyOf...); absent: any JSON object. A schema that is invalid or uses a keyword the grammar "
+        "compiler does not support is refused (400, `param` response_format.json_schema.schema)"))
+    strict: bool | None = Field(None, description="accepted; the schema is always enforced")
+
+
+class JsonSchemaFormat(_Format):
+    """The answer validates against `json_schema.schema`, enforced by grammar-constrained decoding."""
+
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+    @model_validator(mode="after")
+    def _compiles(self):
+        from .engine.constrain import GrammarError, explain, grammar_for
+
+        if self.json_schema.schema_ is not None:
+            try:
+                grammar_for("json_schema", self.json_schema.schema_)
+            except GrammarError as exc:
+                raise PydanticCustomError("invalid_schema", "`response_format.json_schema.schema` cannot be used: "
+                                          "{reason}", {"param": "response_format.json_schema.schema",
+                                                       "reason": explain(exc)}) from None
+        return self
+
+
+RESPONSE_FORMATS = {"text": "Text", "json_object": "JsonObject", "json_schema": "JsonSchema"}
+ResponseFormat = _tagged(lambda v: RESPONSE_FORMATS.get(v.get("type")) if isinstance(v, dict) else None,
+                         "response_format_type", ("Text", TextFormat), ("JsonObject", JsonObjectFormat),
+                         ("JsonSchema", JsonSchemaFormat))
+
+
+def grammar_of(fmt) -> str | None:
+    """The llguidance grammar a `response_format` asks for (None: free text)."""
+    from .engine.constrain import grammar_for
+
+    if isinstance(fmt, JsonObjectFormat) or (isinstance(fmt, JsonSchemaFormat) and fmt.json_schema.schema_ is None):
+        return grammar_for("json_object")
+    if isinstance(fmt, JsonSchemaFormat):
+        return grammar_for("json_schema", fmt.json_schema.schema_)
+    return None
 
 
 def _unsupported(name: str, what: str):
@@ -319,7 +376,11 @@ def request_model(settings: Settings) -> type[BaseModel]:
         tools: _unsupported("tools", "tool calling") = None
         functions: _unsupported("functions", "function calling") = None
         audio: _unsupported("audio", "audio output") = None
-        response_format: ResponseFormat | None = Field(None, description="only {\"type\": \"text\"} is supported")
+        response_format: ResponseFormat | None = Field(None, description=(
+            "structured output: {\"type\": \"json_object\"} (one JSON object) or {\"type\": \"json_schema\", "
+            "\"json_schema\": {\"name\", \"schema\", \"strict\"}} (the answer validates against the schema), "
+            "enforced by grammar-constrained decoding; the answer parses unless `max_tokens` cut it "
+            "(`finish_reason` \"length\") or a `stop` string did. Default {\"type\": \"text\"}"))
         mm_processor_kwargs: MMProcessorKwargs | None = Field(None, description=(
             "vLLM's spelling of request-level media options (`max_pixels`, `min_pixels`, `fps`); precedence: an "
             "item's own field, then its `detail`, then these, then the server's default (`detail` auto)"))
@@ -332,15 +393,6 @@ def request_model(settings: Settings) -> type[BaseModel]:
                 return {k: int(v) if k in INTEGERS and isinstance(v, float) and v.is_integer() else v
                         for k, v in body.items()}
             return body
-
-        @field_validator("response_format", mode="wrap")
-        @classmethod
-        def _text_only(cls, value, handler):
-            try:
-                return handler(value)
-            except ValidationError:
-                raise PydanticCustomError("unsupported_parameter", "only `response_format` {\"type\": \"text\"} is "
-                                          "supported", {"param": "response_format"}) from None
 
         @model_validator(mode="after")
         def _across_fields(self):
@@ -527,6 +579,11 @@ def _explain(err: dict, model) -> tuple[str, str, str]:
             return f"images and videos are accepted in user messages only (`{p}`)", p, "invalid_value"
         allowed = '"text", "image_url", "video_url" or "input_video"' if kind == "part_type" else '"text"'
         return f"`{p}.type` must be {allowed}, got {value.get('type')!r}", f"{p}.type", "invalid_value"
+    if kind == "response_format_type":
+        if not isinstance(value, dict):
+            return f"`{p}` must be an object", p, "invalid_type"
+        return (f"`{p}.type` must be \"text\", \"json_object\" or \"json_schema\", got {value.get('type')!r}",
+                f"{p}.type", "invalid_value")
     if kind == "content_type":
         return f"`{p}` must be a string or a list of parts", p, "invalid_type"
     if kind == "input_video_type":
@@ -632,7 +689,8 @@ def parse_chat(body, settings: Settings, defaults: dict | None = None, fetch_rem
         top_p=float(pick(r.top_p, "top_p", 1.0)), top_k=int(pick(r.top_k, "top_k", 0)),
         repetition_penalty=float(pick(r.repetition_penalty, "repetition_penalty", 1.0)),
         frequency_penalty=r.frequency_penalty or 0.0, presence_penalty=r.presence_penalty or 0.0, seed=r.seed,
-        stop=tuple(s for s in stop if s), logprobs=(r.top_logprobs or 0) if r.logprobs else None)
+        stop=tuple(s for s in stop if s), logprobs=(r.top_logprobs or 0) if r.logprobs else None,
+        grammar=grammar_of(r.response_format))
     messages = [Message(ROLES[m.role], _parts(m.content, f"messages[{i}]", settings, fetch_remote,
                                               r.mm_processor_kwargs))
                 for i, m in enumerate(r.messages)]

@@ -93,8 +93,18 @@ REFUSED = [
      ["between 0 and 20", "21"]),
     ("logprobs not a boolean", {"messages": HI, "logprobs": 1}, "invalid_type", "logprobs", ["a boolean"]),
     ("tools", {"messages": HI, "tools": [{"type": "function"}]}, "unsupported_parameter", "tools", []),
-    ("json response_format", {"messages": HI, "response_format": {"type": "json_object"}}, "unsupported_parameter",
-     "response_format", ['{"type": "text"}']),
+    ("unknown response_format", {"messages": HI, "response_format": {"type": "xml"}}, "invalid_value",
+     "response_format.type", ['"json_schema"', "'xml'"]),
+    ("json_schema without its object", {"messages": HI, "response_format": {"type": "json_schema"}}, "invalid_type",
+     "response_format.json_schema", ["required"]),
+    ("an invalid schema", {"messages": HI, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "foo"}}}}, "invalid_schema", "response_format.json_schema.schema", ["foo"]),
+    ("an unsupported schema keyword", {"messages": HI, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "array", "uniqueItems": True}}}}, "invalid_schema",
+     "response_format.json_schema.schema", ["uniqueItems"]),
+    ("a dangling $ref", {"messages": HI, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"$ref": "#/$defs/b"}}}}}}, "invalid_schema",
+     "response_format.json_schema.schema", ["/$defs/b"]),
     ("stop a number", {"messages": HI, "stop": 5}, "invalid_type", "stop", ["list of strings"]),
     ("five stop strings", {"messages": HI, "stop": ["a"] * 5}, "invalid_value", "stop", ["at most 4"]),
     ("a long stop string", {"messages": HI, "stop": ["a" * 65]}, "invalid_value", "stop[0]", ["64"]),
@@ -113,6 +123,19 @@ def test_bad_requests_are_refused_naming_the_field(name, body, code, param, word
     assert (err.status, err.type, err.code, err.param) == (400, "invalid_request_error", code, param)
     for w in words + ([f"`{param}`"] if param and err.message.startswith("`") else []):
         assert w in err.message, err.message
+
+
+def test_response_format_becomes_the_engines_grammar():
+    from vlservice.engine.constrain import grammar_for
+
+    schema = {"type": "object", "properties": {"a": {"enum": ["x", "y"]}}, "required": ["a"]}
+    r, _ = parse_chat({"messages": HI, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "r", "schema": schema, "strict": True}}}, Settings())
+    assert r.sampling.grammar == grammar_for("json_schema", schema)
+    r, _ = parse_chat({"messages": HI, "response_format": {"type": "json_object"}}, Settings())
+    assert r.sampling.grammar == grammar_for("json_object")
+    for fmt in (None, {"type": "text"}):
+        assert parse_chat({"messages": HI, "response_format": fmt}, Settings())[0].sampling.grammar is None
 
 
 def test_a_full_request_becomes_the_engines_request():
@@ -240,9 +263,15 @@ AGREE = [
     {"messages": user(IMG, {"type": "text", "text": "x", "extra": 1})}, {"messages": HI, "top_p": 1e-300},
     {"messages": HI, "temperature": 2, "seed": -(2**63)}, {"messages": HI, "stream_options": None},
     *[r[1] for r in REFUSED if r[2] not in ("invalid_json", "too_many_images", "remote_images_disabled",
-                                              "invalid_image_url", "invalid_image")
+                                              "invalid_image_url", "invalid_image", "invalid_schema")
       and r[0] != "min_tokens over max_tokens"],
     {"messages": HI, "response_format": {"type": "text", "strict": True}}, {"messages": HI, "n": 1.5},
+    {"messages": HI, "response_format": {"type": "json_object"}},
+    {"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"name": "r", "strict": True, "schema": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}},
+    {"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"name": "", "schema": {}}}},
+    {"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": []}}},
+    {"messages": HI, "response_format": {"type": "json_object", "schema": {}}},
     {"messages": HI, "n": 1.0, "top_k": 205814.0},
     {"messages": HI, "logprobs": 1}, {"messages": HI, "stream_options": {"include_stages": 1}},
     {"messages": [{"role": "system", "content": None}] + HI}, {"messages": HI, "temperature": None, "stop": None},

@@ -1,6 +1,7 @@
 """Choosing the next token: greedy, or temperature / top-k / top-p with a per-request seed;
-repetition, frequency and presence penalties; tokens forbidden until `min_tokens`; and, when the
-request asks (`logprobs`), the log probabilities of the distribution the token was drawn from."""
+repetition, frequency and presence penalties; tokens forbidden until `min_tokens`; a grammar's
+token mask (`response_format`, constrain.py) before all of them; and, when the request asks
+(`logprobs`), the log probabilities of the distribution the token was drawn from."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ class Sampler:
     only, as OpenAI and vLLM define them, while the repetition penalty covers `seen` (the prompt
     and the answer, as vLLM and llama.cpp do)."""
 
-    def __init__(self, sampling: Sampling):
+    def __init__(self, sampling: Sampling, constraint=None):
         self.s = sampling
+        self.constraint = constraint  # a `constrain.Constraint`: its mask first, advanced with each token
         self.counts: dict[int, int] = {}  # token -> times in the answer so far
         self.last: tuple[int, float, list[tuple[int, float]]] | None = None  # with `logprobs`: the last token's
         self.gen = None
@@ -31,8 +33,15 @@ class Sampler:
             self.gen.manual_seed(sampling.seed if sampling.seed is not None else torch.seed())
 
     def __call__(self, logits: torch.Tensor, seen: list[int], forbid: set | None = None) -> int:
+        c = self.constraint
+        if c is not None:
+            if forbid and c.must_end():  # the grammar is complete: its end beats `min_tokens`
+                forbid = None
+            logits = c.apply(logits)  # a copy: the caller's row is left as it was
         penalised = self._penalised(logits, seen, forbid)
         token = self._choose(penalised)
+        if c is not None:
+            c.advance(token)
         if self.s.logprobs is not None:
             self.last = self.logprobs(penalised, token)
         self.counts[token] = self.counts.get(token, 0) + 1

@@ -90,7 +90,11 @@ class Sequence:
         self.inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[torch.Tensor] | None] | None = None
         self.prompt_logits: torch.Tensor | None = None
         self.prefill_s = 0.0
-        self.sampler = Sampler(self.sampling)
+        # `response_format`: this sequence's own grammar matcher, built at submission
+        constraint = work.get("constraint")
+        if constraint is None and self.sampling.grammar:
+            constraint = gen.service.grammars.constraint(self.sampling.grammar)
+        self.sampler = Sampler(self.sampling, constraint)
         self.stream = TextStream(gen.service.tokenizer, self.sampling.stop)
         self.seen = list(self.prompt.input_ids)
         self.fed = list(self.prompt.input_ids)
@@ -285,7 +289,12 @@ class Scheduler:
         if now - gen.work["t_submit"] > self.queue_timeout_s:
             return svc.fail(gen, QueueTimeout(f"the request waited {self.queue_timeout_s:.0f} s for the model; "
                                               f"retry later", retry_after=svc.retry_after()))
-        seq = Sequence(gen, now)
+        try:
+            seq = Sequence(gen, now)
+        except Exception as exc:  # e.g. a grammar the tokenizer cannot serve
+            log.error("could not start %s: %r", gen.id, exc)
+            return svc.fail(gen, exc if isinstance(exc, APIError) else EngineError(f"the engine failed: "
+                                                                                    f"{type(exc).__name__}"))
         seq.timings["queue_ms"] = (now - gen.work["t_submit"]) * 1e3
         gen.queue.put(Event("started"))
         self.running.append(seq)
@@ -520,6 +529,8 @@ class Scheduler:
             "total_ms": (now - seq.gen.work["t_submit"]) * 1e3,
             "model_ms": (now - seq.admitted) * 1e3,
         })
+        if seq.sampler.constraint is not None:  # `response_format`: what its token masks cost, in all
+            seq.timings["grammar_mask_ms"] = seq.sampler.constraint.mask_s * 1e3
         usage = {"prompt_tokens": len(seq.prompt), "completion_tokens": n, "total_tokens": len(seq.prompt) + n}
         self.service.complete(seq.gen, seq.timings, finish, usage, seq.stream.text_sent())
 

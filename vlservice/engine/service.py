@@ -35,6 +35,7 @@ from . import images as imgs
 from . import video as vid
 from .caches import FeatureCache, PrefixCache, ResultCache, SharedStore, feature_key
 from .checkpoints import DEMO_NOTICE, ModelSource, resolve
+from .constrain import GrammarError, Grammars, explain
 from .counters import Counters
 from .decoder import Decoder
 from .generation import Generation
@@ -107,6 +108,7 @@ class VLModelService:
         eos = gen.eos_token_id if isinstance(gen.eos_token_id, (list, tuple)) else [gen.eos_token_id]
         eos = [e for e in eos if e is not None] or [self.tokenizer.eos_token_id]
         self.decoder = Decoder(self.model, eos)
+        self.grammars = Grammars(self.tokenizer, self.decoder.eos_ids)  # `response_format` matchers
         self.lean: LeanLM | SplitLM = LeanLM(self.model)
         self.generation_defaults = {
             "temperature": float(getattr(gen, "temperature", None) or 0.0) if gen.do_sample else 0.0,
@@ -284,6 +286,15 @@ class VLModelService:
                 f"{sum(p.num_tokens for p in prepared)} image and video tokens) plus max_tokens={s.max_tokens}, "
                 f"more than the context limit of {self.settings.max_context_tokens} tokens",
                 param="messages")
+        constraint, compile_s = None, 0.0
+        if s.grammar:  # `response_format`: the matcher is built here, never on the scheduler's thread
+            t = time.perf_counter()
+            try:
+                constraint = self.grammars.constraint(s.grammar)
+            except GrammarError as exc:
+                raise InvalidRequest(f"`response_format` cannot be used with this model's tokenizer: {explain(exc)}",
+                                     param="response_format", code="invalid_schema") from None
+            compile_s = time.perf_counter() - t
         if not self._slots.acquire(blocking=False):
             self.counters.add("busy")
             raise Busy(f"the server is busy ({self.settings.queue_size} requests already waiting); retry later",
@@ -294,7 +305,9 @@ class VLModelService:
         if request.result_cache and s.greedy and s.logprobs is None:  # the cache keeps no log probabilities
             result_key = ResultCache.key(self.model_fp, self.encoder.name, prompt.input_ids, keys, s)
         work = {"prepared": prepared, "keys": keys, "prompt": prompt, "images": images, "result_key": result_key,
+                "constraint": constraint,
                 "timings": {"image_decode_ms": decode_s * 1e3, "preprocess_ms": prep_s * 1e3, **video_timings,
+                            **({"grammar_compile_ms": compile_s * 1e3} if constraint is not None else {}),
                             "submit_ms": (time.perf_counter() - t0) * 1e3},
                 "t_submit": time.perf_counter(), "queue_position": self.queue_depth() + self.running()}
         self.counters.add("requests")

@@ -24,6 +24,7 @@ class Sampling:
     seed: int | None = None
     stop: tuple = ()
     logprobs: int | None = None  # None: off; else report each token's log probability and this many alternatives
+    grammar: str | None = None  # `response_format`: the answer is constrained to this llguidance grammar
 
     @property
     def greedy(self) -> bool:

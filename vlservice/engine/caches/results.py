@@ -26,9 +26,12 @@ class ResultCache:
 
     @staticmethod
     def key(model_fp: str, backend: str, input_ids, image_keys, sampling) -> str:
-        raw = repr((model_fp, backend, tuple(input_ids), tuple(image_keys), sampling.max_tokens, sampling.min_tokens,
-                    sampling.repetition_penalty, sampling.frequency_penalty, sampling.presence_penalty,
-                    tuple(sampling.stop))).encode()
+        parts: tuple = (model_fp, backend, tuple(input_ids), tuple(image_keys), sampling.max_tokens,
+                        sampling.min_tokens, sampling.repetition_penalty, sampling.frequency_penalty,
+                        sampling.presence_penalty, tuple(sampling.stop))
+        if getattr(sampling, "grammar", None):  # `response_format` (unconstrained keys stay as they were)
+            parts += (sampling.grammar,)
+        raw = repr(parts).encode()
         return hashlib.blake2b(raw, digest_size=16).hexdigest()
 
     def get(self, key: str) -> dict | None:
