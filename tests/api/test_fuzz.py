@@ -212,8 +212,8 @@ def test_soak_short_run_passes(server, tmp_path):
     assert "| kind |" in r.stdout and "Verdict: PASS" in r.stdout
     rep = json.loads(out.read_text())
     assert rep["verdict"] == "PASS" and rep["reasons"] == []
-    assert set(rep["kinds"]) == {"new_image", "repeat_image", "follow_up", "stream", "cancel_close", "cancel_api",
-                                 "bad_base64", "not_image", "bad_json", "over_cap"}
+    assert set(rep["kinds"]) == {"new_image", "repeat_image", "follow_up", "stream", "clip", "cancel_close",
+                                 "cancel_api", "bad_base64", "not_image", "bad_json", "over_cap"}
     for k in rep["kinds"].values():
         assert {"sent", "ok", "cancelled", "refused", "unexpected", "p50_ms", "p95_ms"} <= set(k)
     t = rep["totals"]
@@ -224,6 +224,8 @@ def test_soak_short_run_passes(server, tmp_path):
     assert m["rss_start_mb"] > 0 and m["rss_end_mb"] > 0 and len(m["samples"]) >= 3
     assert m["trend_judged"] is False  # 18 s is too short to judge a trend
     assert isinstance(m["slope_mb_per_min"], float)
+    assert isinstance(m["unexplained_slope_mb_per_min"], float) and m["threshold_mb_per_min"] == 2.0
+    assert set(m["caches"]) == {"cache", "kv_cache"} and m["caches"]["kv_cache"]["capacity_bytes"] > 0
 
 
 @slow

@@ -1,32 +1,48 @@
-"""`python -m vlservice soak`: mixed traffic against a running server for a fixed time, then a verdict.
+"""`python -m vlservice soak`: mixed traffic against a server for a fixed time, then a verdict.
 
     python -m vlservice soak --url http://127.0.0.1:8000 --minutes 30 [--concurrency 3]
                              [--api-key K] [--json report.json]
+    python -m vlservice soak --serve --minutes 30 [--model demo] [--server-env VL_NAME=VALUE ...]
 
 C client threads send, until the deadline, a mix of: questions about new images (small PNGs drawn
 with OpenCV from varied seeds), repeated images (feature / result cache), follow-up questions (the
-history with the previous answer: KV-cache reuse), streamed answers, cancellations (a stream read
-for a few chunks and closed, or cancelled with POST /v1/chat/completions/<id>/cancel) and bad
+history with the previous answer: KV-cache reuse), questions about short MP4 clips (OpenCV's
+VideoWriter; new ones and repeats), streamed answers, cancellations (a stream read for a few chunks
+and closed: the client going away, or cancelled with POST /v1/chat/completions/<id>/cancel) and bad
 inputs (invalid base64, data that is not an image, broken JSON, max_tokens over the cap). Only the
 given URL is contacted. `/api/stats` is sampled before, every `--sample-every` seconds during and
 after the run (after the queue has drained).
 
+Managed mode (`--serve`): the soak starts a real redis-server and Gunicorn as users start it (one
+worker, `VL_REDIS_URL` pointing to that Redis, the model `--model`, default the demo), and injects
+two faults, recorded as events with their times: at a quarter of the run Redis is stopped (SIGSTOP)
+for `--redis-pause` seconds and resumed (SIGCONT); at 55% the worker gets SIGTERM (a rolling
+update): it drains (503 `draining` to new requests, the running ones finish) and Gunicorn's master
+starts a new one (503 `not_ready` while it warms up). Around the restart clients open a new
+connection per request, and after a 503 they back off half a second.
+
 The report (a Markdown table on stdout, optionally JSON) has requests by kind, answers served,
-expected refusals (400 for bad inputs; 429/503 under load) apart from unexpected outcomes (5xx,
-a 4xx for a valid request, a bad input accepted, connection errors, streams without `[DONE]` that
-we did not cancel), p50/p95 latency per kind, the worker's RSS at start and end and its trend:
-the least-squares slope of RSS over time, in MB per minute, fitted to the samples after the first
-minute (warm-up: caches fill).
+expected refusals (400 for bad inputs; 429/503 under load, while a worker drains or warms up) apart
+from unexpected outcomes (5xx other than those, a 4xx for a valid request, a bad input accepted,
+connection errors, streams without `[DONE]` that we did not cancel), p50/p95 latency per kind, each
+worker's accounting (accepted / finished from its own counters; a worker started during the run
+counts from zero), and memory against the caches' budgets: RSS beside the bytes the server's own
+caches account for (the feature cache and the conversation KV cache, `bytes` / `capacity_bytes` in
+/api/stats), their fill at the end, and per worker three least-squares slopes in MB/min after the
+warm-up (`--warmup`, 60 s from the worker's first sample): RSS, the caches' bytes, and RSS less the
+caches, the part no cache explains.
 
 Verdict PASS when there was no unexpected outcome, no lost request (no connection error, no
-incomplete stream, and the server's own counters show every accepted request finished once the
-queue drained) and no growth trend (slope below `--max-rss-slope`, 5 MB/min by default; judged
-only when there are at least 3 samples spanning a minute after the first minute, otherwise "not
-judged"). Exit code 0 on PASS, 1 on FAIL, 2 on bad usage or when the server cannot be reached.
+incomplete stream, and the counters of the worker serving at the end show every accepted request
+finished once the queue drained), in managed mode both faults injected, and no leak: the slope of
+RSS less the caches' own bytes below `--max-rss-slope` (2 MB/min by default) for every worker
+judged (at least 3 samples spanning a minute after its warm-up, otherwise "not judged"). A cache
+filling its budget grows RSS, not that difference. Exit code 0 on PASS, 1 on FAIL, 2 on bad usage
+or when the server cannot be reached (or, managed, cannot start).
 
 HTTP goes through `requests` (a tool dependency: `pip install -r vlservice/tools/requirements.txt`);
-numpy and OpenCV (dependencies of the service) draw the images. `/api/stats` describes one Gunicorn worker:
-run the server with one worker for a meaningful memory trend.
+numpy and OpenCV (dependencies of the service) draw the images and clips. `/api/stats` describes one
+Gunicorn worker: run the server with one worker for a meaningful memory trend.
 """
 
 from __future__ import annotations
@@ -34,7 +50,9 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import random
+import signal as sig
 import statistics
 import sys
 import threading
@@ -44,11 +62,11 @@ from dataclasses import dataclass, field
 
 import requests
 
-GOOD_KINDS = ("new_image", "repeat_image", "follow_up", "stream")
+GOOD_KINDS = ("new_image", "repeat_image", "follow_up", "stream", "clip")
 CANCEL_KINDS = ("cancel_close", "cancel_api")
 BAD_KINDS = ("bad_base64", "not_image", "bad_json", "over_cap")
 KINDS = GOOD_KINDS + CANCEL_KINDS + BAD_KINDS
-WEIGHTS = {"new_image": 3, "repeat_image": 2, "follow_up": 2, "stream": 2, "cancel_close": 1, "cancel_api": 1,
+WEIGHTS = {"new_image": 3, "repeat_image": 2, "follow_up": 2, "stream": 2, "clip": 1, "cancel_close": 1, "cancel_api": 1,
            "bad_base64": 1, "not_image": 1, "bad_json": 1, "over_cap": 1}
 LOAD_REFUSALS = (429, 503)  # busy / queue timeout: the server protecting itself, expected under load
 QUESTIONS = ("Describe this image.", "What shapes do you see?", "What colours are in the picture?",
@@ -56,6 +74,10 @@ QUESTIONS = ("Describe this image.", "What shapes do you see?", "What colours ar
 FOLLOW_UPS = ("Tell me more.", "Which one is the largest?", "And the background colour?", "Say it in one word.")
 WARMUP_S = 60.0
 MB = 1024 * 1024
+# The caches whose bytes the server accounts for itself in /api/stats (their `bytes` and
+# `capacity_bytes`), with the setting that bounds each: RSS less these is what a leak would grow.
+# The result cache holds answers' text (bounded by entries, a few KB); the disk tier is not RSS.
+CACHES = (("cache", "feature cache", "VL_FEATURE_CACHE_MB"), ("kv_cache", "conversation KV cache", "VL_KV_CACHE_MB"))
 
 
 # --------------------------------------------------------------------------- HTTP
@@ -98,6 +120,14 @@ class Http:
             raise ConnectionFailed(f"GET {path}: HTTP {r.status_code}: {r.content[:200]!r}")
         return json.loads(r.content)
 
+    def reset(self) -> None:
+        """Drop the kept-alive connection: the next request opens a new one (around a worker restart,
+        a connection the old worker is closing must not carry a request)."""
+        headers = dict(self.session.headers)
+        self.session.close()
+        self.session = requests.Session()
+        self.session.headers.update(headers)
+
     def close(self) -> None:
         self.session.close()
 
@@ -122,6 +152,35 @@ def make_png(seed: int, h: int = 96, w: int = 128) -> bytes:
     if not ok:  # pragma: no cover
         raise RuntimeError("cv2.imencode failed")
     return buf.tobytes()
+
+
+def make_mp4(seed: int, frames: int = 12, fps: float = 4.0, size: tuple = (64, 48)) -> bytes:
+    """A short MP4 (OpenCV's mp4v writer): a disc moving over a coloured background, frame by frame."""
+    import os
+    import tempfile
+
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    w, h = size
+    bg = tuple(int(c) for c in rng.integers(60, 240, 3))
+    fg = tuple(int(c) for c in rng.integers(0, 255, 3))
+    fd, path = tempfile.mkstemp(suffix=".mp4", prefix="soak-clip-")
+    os.close(fd)
+    try:
+        writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"mp4v"), fps, (w, h))
+        if not writer.isOpened():  # pragma: no cover
+            raise RuntimeError("this OpenCV cannot write mp4v")
+        for i in range(frames):
+            img = np.full((h, w, 3), bg, dtype=np.uint8)
+            cv2.circle(img, (int(i * w / frames), h // 2), 8, fg, -1, cv2.LINE_AA)
+            writer.write(img)
+        writer.release()
+        with open(path, "rb") as fh:
+            return fh.read()
+    finally:
+        os.unlink(path)
 
 
 def data_url(data: bytes, media: str = "image/png") -> str:
@@ -170,6 +229,79 @@ def slope_per_minute(points: list) -> float | None:
         return None
 
 
+def memory_row(t: float, stats: dict) -> dict | None:
+    """One /api/stats sample as the memory verdict reads it: time, worker pid, RSS and the bytes the
+    server's own caches account for (MB); None when the sample has no RSS."""
+    if not isinstance(stats.get("rss_bytes"), int):
+        return None
+    cached = sum(int((stats.get(name) or {}).get("bytes") or 0) for name, _, _ in CACHES)
+    return {"t": t, "pid": stats.get("pid"), "rss_mb": stats["rss_bytes"] / MB, "caches_mb": cached / MB,
+            "queue_depth": stats.get("queue_depth")}
+
+
+def memory_verdict(rows: list, threshold: float, warmup_s: float = WARMUP_S) -> dict:
+    """The memory trend, judged against the caches' budgets. `rows`: memory_row()s in time order.
+
+    Each worker (pid) is a segment of its own (a rolling restart starts a new process with empty
+    caches). In a segment, after `warmup_s` from its first sample, three least-squares slopes in
+    MB/min: RSS, the caches' own accounted bytes, and their difference (RSS less the caches: what
+    the caches do not explain). A segment is judged with at least 3 samples spanning 60 s after its
+    warm-up; the verdict fails when a judged segment's unexplained slope reaches `threshold`. Caches
+    filling toward their budgets grow RSS, not the unexplained part."""
+    segments: list = []
+    for row in rows:
+        if not segments or segments[-1]["pid"] != row["pid"]:
+            segments.append({"pid": row["pid"], "rows": []})
+        segments[-1]["rows"].append(row)
+    out, failures = [], []
+    for seg in segments:
+        rs = seg["rows"]
+        start = rs[0]["t"]
+        warm = [r for r in rs if r["t"] - start >= warmup_s]
+        judged = len(warm) >= 3 and warm[-1]["t"] - warm[0]["t"] >= 60.0
+        fit = warm if judged else rs
+
+        def slope(key, fit=fit):
+            v = slope_per_minute([(r["t"], r[key]) for r in fit])
+            return None if v is None else round(v, 3)
+
+        unexplained = slope_per_minute([(r["t"], r["rss_mb"] - r["caches_mb"]) for r in fit])
+        item = {"pid": seg["pid"], "start_s": round(start, 1), "end_s": round(rs[-1]["t"], 1), "samples": len(rs),
+                "judged": judged, "fit": "after warm-up" if judged else "all samples (not judged: too short)",
+                "rss_slope": slope("rss_mb"), "caches_slope": slope("caches_mb"),
+                "unexplained_slope": None if unexplained is None else round(unexplained, 3),
+                "rss_start_mb": round(rs[0]["rss_mb"], 1), "rss_end_mb": round(rs[-1]["rss_mb"], 1),
+                "caches_end_mb": round(rs[-1]["caches_mb"], 1)}
+        out.append(item)
+        if judged and unexplained is not None and unexplained >= threshold:
+            failures.append(f"RSS less the caches' own bytes grows {unexplained:.2f} MB/min after warm-up "
+                            f"(worker {seg['pid']}: RSS {item['rss_slope']:.2f}, caches {item['caches_slope']:.2f} "
+                            f"MB/min; threshold {threshold:g})")
+    # the headline: the longest segment (the one the run spent most time in)
+    main = max(out, key=lambda x: x["end_s"] - x["start_s"]) if out else None
+    return {"segments": out, "main": main, "judged": any(x["judged"] for x in out), "failures": failures}
+
+
+def worker_balances(before: dict | None, samples: list, after: dict | None) -> list:
+    """Each worker's (pid's) accounting from the /api/stats samples in time order: what it accepted and
+    finished from `before` (for the worker seen first) or from zero (a worker started during the run:
+    its counters start at zero) to its last sample; `lost` when that last sample found it idle."""
+    first_pid = (before or {}).get("pid")
+    last: dict = {}
+    for x in [*samples, *([after] if after else [])]:
+        if x is not None:
+            last[x.get("pid")] = x  # insertion order: the order workers were seen in
+    if not last and before is not None:
+        last[first_pid] = before
+    out = []
+    for pid, end in last.items():
+        acc, fin = _balance(before if pid == first_pid else {}, end)
+        idle = not end.get("queue_depth") and not end.get("busy")
+        out.append({"pid": pid, "accepted": acc, "finished": fin, "idle_at_last_sample": idle,
+                    "lost": max(0, acc - fin) if idle else None})
+    return out
+
+
 def _balance(before: dict | None, after: dict | None) -> tuple[int, int]:
     """(requests the server accepted, requests it finished: completed, failed or cancelled) between two
     /api/stats samples, from its counters."""
@@ -208,6 +340,8 @@ class Client(threading.Thread):
                 kind = first.pop(0) if first else self.rng.choices(kinds, weights)[0]
                 if kind == "follow_up" and not self.history:
                     kind = "new_image"  # a follow-up needs a conversation to follow
+                if self.run_.fresh.is_set():  # a worker restart is under way: a new connection per request
+                    self.http.reset()
                 t0 = time.perf_counter()
                 try:
                     outcome = getattr(self, "do_" + kind)()
@@ -219,6 +353,9 @@ class Client(threading.Thread):
                 outcome.kind = kind
                 outcome.latency_ms = (time.perf_counter() - t0) * 1e3
                 self.run_.tally.add(outcome)
+                if outcome.result == "refused" and "503" in outcome.label:  # draining / not ready: back off,
+                    self.http.reset()  # and come back on a new connection (to the worker that replaces it)
+                    time.sleep(0.5)
         finally:
             self.http.close()
 
@@ -272,6 +409,25 @@ class Client(threading.Thread):
 
     def do_repeat_image(self) -> Outcome:
         return self._ask("repeat_image", new=False)
+
+    def do_clip(self) -> Outcome:
+        """A question about a short MP4: a new clip, or one of the last few (the feature cache)."""
+        run = self.run_
+        with run.lock:
+            pool = list(run.clips)
+        if not pool or self.rng.random() < 0.5:
+            with run.lock:
+                run.next_seed += 1
+                seed = run.next_seed
+            url = data_url(make_mp4(seed), "video/mp4")
+            with run.lock:
+                run.clips.append(url)
+                del run.clips[:-8]
+        else:
+            url = self.rng.choice(pool)
+        msgs = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url, "detail": "low"}},
+                                             {"type": "text", "text": "What happens in this clip?"}]}]
+        return self._chat("clip", self._body(msgs))[0]
 
     def do_follow_up(self) -> Outcome:
         msgs = self.history + [{"role": "user", "content": self.rng.choice(FOLLOW_UPS)}]
@@ -383,6 +539,109 @@ class Client(threading.Thread):
         return self._bad("over_cap", body)
 
 
+# --------------------------------------------------------------------------- managed mode
+
+class Managed:
+    """`--serve`: a real redis-server and Gunicorn started as users start them (one worker, the caches'
+    shared tier in that Redis), and the run's two faults: Redis paused (SIGSTOP, then SIGCONT) once,
+    and a rolling SIGTERM of the worker once (Gunicorn's master starts a new one; the old one drains).
+    Both are recorded as events with their times. Reuses the bench's helpers (tools/services.py,
+    tools/concurrency.py)."""
+
+    def __init__(self, args, workdir: str):
+        from pathlib import Path
+
+        self.args = args
+        self.workdir = Path(workdir)
+        self.redis = None
+        self.server = None
+        self.events: list = []
+
+    def start(self) -> str:
+        from .concurrency import Server
+        from .services import RedisProcess
+
+        self.redis = RedisProcess(self.workdir).start()
+        env = {"VL_MODEL": self.args.model, "VL_WORKERS": "1", "VL_REDIS_URL": self.redis.url,
+               "HF_HUB_OFFLINE": "1"}
+        for pair in self.args.server_env or ():
+            key, _, value = pair.partition("=")
+            env[key.strip()] = value
+        self.server = Server(env, self.workdir / "server.log")
+        self.server.wait_ready(timeout=600)
+        return self.server.url
+
+    def worker_pids(self) -> list:
+        import psutil
+
+        try:
+            return [p.pid for p in psutil.Process(self.server.proc.pid).children()]
+        except psutil.NoSuchProcess:
+            return []
+
+    def pause_redis(self, run: "Soak", seconds: float) -> None:
+        pid = self.redis.proc.pid
+        os.kill(pid, sig.SIGSTOP)
+        run.event("redis_paused", pid=pid, seconds=seconds)
+        try:
+            run.stop.wait(seconds)
+        finally:
+            os.kill(pid, sig.SIGCONT)
+            run.event("redis_resumed", pid=pid)
+
+    def rolling_sigterm(self, run: "Soak", http: Http) -> None:
+        """SIGTERM the worker (as a rolling update does); clients use a new connection per request
+        until its replacement answers /readyz. The old worker is sampled while it drains."""
+        old = self.worker_pids()
+        if len(old) != 1:
+            run.event("sigterm_skipped", reason=f"expected one worker, found {old}")
+            return
+        run.fresh.set()
+        time.sleep(0.5)  # clients between requests drop their kept-alive connections first
+        os.kill(old[0], sig.SIGTERM)
+        run.event("worker_sigterm", pid=old[0])
+        t0 = time.monotonic()
+        new: list = []
+        while time.monotonic() - t0 < 120:
+            run.sample(http)  # the draining worker's counters, as long as it answers
+            new = [p for p in self.worker_pids() if p not in old]
+            if new and old[0] not in self.worker_pids():
+                break
+            time.sleep(0.5)
+        run.event("worker_exited", pid=old[0], after_s=round(time.monotonic() - t0, 1))
+        while time.monotonic() - t0 < 180:
+            try:
+                if http.request("GET", "/readyz", timeout=5).status_code == 200:
+                    break
+            except ConnectionFailed:
+                pass
+            time.sleep(0.5)
+        run.event("worker_ready", pid=new[0] if new else None, after_s=round(time.monotonic() - t0, 1))
+        time.sleep(2.0)
+        run.fresh.clear()
+
+    def faults(self, run: "Soak") -> None:
+        """Redis paused at a quarter of the run, the worker SIGTERMed at 55%."""
+        http = Http(run.url, run.api_key, run.timeout)
+        try:
+            if not run.stop.wait(max(0.0, run.t_start + 0.25 * run.duration_s - time.monotonic())):
+                self.pause_redis(run, self.args.redis_pause)
+            if not run.stop.wait(max(0.0, run.t_start + 0.55 * run.duration_s - time.monotonic())):
+                self.rolling_sigterm(run, http)
+        except Exception as exc:  # recorded: a fault that was not injected fails the run
+            run.event("fault_error", error=f"{type(exc).__name__}: {exc}"[:300])
+        finally:
+            http.close()
+
+    def stop(self) -> None:
+        if self.redis is not None and self.redis.proc is not None and self.redis.proc.poll() is None:
+            os.kill(self.redis.proc.pid, sig.SIGCONT)  # never leave it stopped
+        if self.server is not None:
+            self.server.stop()
+        if self.redis is not None:
+            self.redis.stop()
+
+
 # --------------------------------------------------------------------------- the run
 
 class Soak:
@@ -411,6 +670,17 @@ class Soak:
         self.cancel_tokens = 64
         self.deadline = 0.0
         self.t0 = 0.0
+        self.t_start = 0.0  # when the traffic started (monotonic)
+        self.warmup_s = args.warmup
+        self.clips: list = []
+        self.fresh = threading.Event()  # set around a worker restart: clients open a new connection per request
+        self.events: list = []  # the managed run's faults: (t_s, name, details)
+        self.managed: Managed | None = None
+        self.samples_lock = threading.Lock()
+
+    def event(self, name: str, **details) -> None:
+        with self.samples_lock:
+            self.events.append({"t_s": round(time.monotonic() - self.t0, 1), "event": name, **details})
 
     def sample(self, http: Http | None = None) -> dict | None:
         try:
@@ -419,7 +689,8 @@ class Soak:
             self.stats_errors += 1
             self.stats_error = f"{type(exc).__name__}: {exc}"[:300]
             return None
-        self.samples.append((time.monotonic() - self.t0, s))
+        with self.samples_lock:
+            self.samples.append((time.monotonic() - self.t0, s))
         return s
 
     def _sampler(self) -> None:
@@ -436,7 +707,8 @@ class Soak:
         while time.monotonic() < end:
             s = self.sample()
             if s is not None and not s.get("queue_depth") and not s.get("busy"):
-                accepted, finished = _balance(before, s)
+                # a worker started during the run (a rolling restart) counts from zero
+                accepted, finished = _balance(before if s.get("pid") == before.get("pid") else {}, s)
                 if finished >= accepted:
                     return s
             time.sleep(0.5)
@@ -452,15 +724,22 @@ class Soak:
         if before is None:
             raise ConnectionFailed(f"GET {self.url}/api/stats failed")
         started = time.time()
+        self.t_start = time.monotonic()
         self.deadline = time.monotonic() + self.duration_s
         sampler = threading.Thread(target=self._sampler, name="soak-sampler", daemon=True)
         sampler.start()
+        faults = None
+        if self.managed is not None:
+            faults = threading.Thread(target=self.managed.faults, args=(self,), name="soak-faults", daemon=True)
+            faults.start()
         clients = [Client(i, self) for i in range(self.concurrency)]
         for c in clients:
             c.start()
         for c in clients:  # a request started before the deadline may finish after it
             c.join(max(0.0, self.deadline - time.monotonic()) + self.timeout + 15)
         hung = sum(c.is_alive() for c in clients)
+        if faults is not None:  # a restart under way finishes (the new worker answers) before the drain
+            faults.join(200)
         self.stop.set()
         sampler.join(15)  # longer than one sample's timeout
         self.sampler_http.close()
@@ -496,24 +775,46 @@ class Soak:
                     for o in outcomes if o.result == "unexpected"][:10]
         lost_client = sum(o.lost for o in outcomes)
 
-        accepted, finished = _balance(before, after)
+        workers = worker_balances(before, [x for _, x in self.samples], after)
+        last_of = {x.get("pid"): x for x in [*(x for _, x in self.samples), *([after] if after else [])] if x}
+        for w in workers:  # each worker's view of the shared tier (a Redis pause shows as fallbacks/outages)
+            shared = (last_of.get(w["pid"]) or {}).get("shared_cache") or {}
+            w["shared_cache"] = {k: v for k, v in shared.items() if k != "url"} or None
+        accepted = sum(w["accepted"] for w in workers)
+        finished = sum(w["finished"] for w in workers)
         drained = after is not None and not after.get("queue_depth") and not after.get("busy")
-        lost_server = max(0, accepted - finished) if drained else None
+        # the worker serving at the end must balance; one replaced during the run balances if its last
+        # sample caught it idle (otherwise its last requests are judged by the clients' outcomes)
+        lost_server = sum(w["lost"] or 0 for w in workers) if drained else None
 
-        points = [(t, s["rss_bytes"] / MB) for t, s in self.samples if isinstance(s.get("rss_bytes"), int)]
-        after_warmup = [(t, v) for t, v in points if t >= WARMUP_S]
-        judged = len(after_warmup) >= 3 and after_warmup[-1][0] - after_warmup[0][0] >= 60.0
-        slope_all = slope_per_minute(points)
-        slope = slope_per_minute(after_warmup) if judged else slope_all
+        with self.samples_lock:
+            samples = list(self.samples)
+        rows = [r for r in (memory_row(t, x) for t, x in samples) if r is not None]
+        verdict = memory_verdict(rows, self.max_slope, self.warmup_s)
+        main = verdict["main"] or {}
+        last = (after or (samples[-1][1] if samples else {})) or {}
+        caches = {}
+        for name, label, setting in CACHES:
+            c = last.get(name) or {}
+            if c:
+                cap = c.get("capacity_bytes") or 0
+                caches[name] = {"label": label, "setting": setting, "bytes": c.get("bytes"), "capacity_bytes": cap,
+                                "entries": c.get("entries"), "evictions": c.get("evictions"),
+                                "fill": round(c["bytes"] / cap, 3) if cap and c.get("bytes") is not None else None}
         memory = {
-            "rss_start_mb": round(points[0][1], 1) if points else None,
-            "rss_end_mb": round(points[-1][1], 1) if points else None,
-            "rss_max_mb": round(max(v for _, v in points), 1) if points else None,
-            "slope_mb_per_min": None if slope is None else round(slope, 3),
-            "slope_fit": "samples after the first minute" if judged else "all samples (not judged: too short)",
-            "trend_judged": judged, "threshold_mb_per_min": self.max_slope,
-            "samples": [[round(t, 1), round(s["rss_bytes"] / MB, 1), s.get("queue_depth")]
-                        for t, s in self.samples if isinstance(s.get("rss_bytes"), int)],
+            "rss_start_mb": round(rows[0]["rss_mb"], 1) if rows else None,
+            "rss_end_mb": round(rows[-1]["rss_mb"], 1) if rows else None,
+            "rss_max_mb": round(max(r["rss_mb"] for r in rows), 1) if rows else None,
+            "caches_end_mb": round(rows[-1]["caches_mb"], 1) if rows else None,
+            "slope_mb_per_min": main.get("rss_slope"),
+            "caches_slope_mb_per_min": main.get("caches_slope"),
+            "unexplained_slope_mb_per_min": main.get("unexplained_slope"),
+            "slope_fit": (f"worker {main.get('pid')}, samples after the first {self.warmup_s:g} s" if main.get("judged")
+                          else "all samples (not judged: too short)"),
+            "trend_judged": verdict["judged"], "threshold_mb_per_min": self.max_slope, "warmup_s": self.warmup_s,
+            "segments": verdict["segments"], "caches": caches,
+            "samples": [[round(r["t"], 1), round(r["rss_mb"], 1), round(r["caches_mb"], 1), r["queue_depth"], r["pid"]]
+                        for r in rows],
         }
         n_unexpected = sum(unexpected.values())
         reasons = []
@@ -532,12 +833,18 @@ class Soak:
             reasons.append("/healthz did not answer after the run")
         if self.stats_errors:
             reasons.append(f"{self.stats_errors} /api/stats sample(s) failed (last: {self.stats_error})")
-        if judged and slope is not None and slope >= self.max_slope:
-            reasons.append(f"RSS grows {slope:.2f} MB/min after the first minute (threshold {self.max_slope})")
+        reasons += verdict["failures"]
+        if self.managed is not None:
+            names = {e["event"] for e in self.events}
+            missing = [n for n in ("redis_paused", "redis_resumed", "worker_sigterm", "worker_ready") if n not in names]
+            if missing:
+                reasons.append("managed faults not all injected: missing " + ", ".join(missing)
+                               + "".join(f"; {e['event']}: {e.get('error') or e.get('reason')}" for e in self.events
+                                         if e["event"] in ("fault_error", "sigterm_skipped")))
         if not outcomes:
             reasons.append("no request was sent")
-        stats_keys = ("rss_bytes", "queue_depth", "busy", "cache", "kv_cache", "result_cache", "counters",
-                      "encoder_calls")
+        stats_keys = ("pid", "rss_bytes", "queue_depth", "busy", "cache", "kv_cache", "result_cache", "shared_cache",
+                      "counters", "encoder_calls")
         return {
             "url": self.url, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
             "duration_s": round(elapsed, 1), "concurrency": self.concurrency, "max_tokens": self.max_tokens,
@@ -550,7 +857,9 @@ class Soak:
             "expected_refusals": dict(sorted(refusals.items())),
             "unexpected": dict(sorted(unexpected.items())),
             "unexpected_examples": examples,
+            "managed": self.managed is not None, "events": list(self.events),
             "server": {"accepted": accepted, "finished": finished, "lost": lost_server, "drained": drained,
+                       "workers": workers,
                        "healthy_after": healthy, "stats_samples": len(self.samples),
                        "stats_errors": self.stats_errors,
                        "before": {k: (before or {}).get(k) for k in stats_keys},
@@ -584,10 +893,32 @@ def markdown(rep: dict) -> str:
     m, s = rep["memory"], rep["server"]
     lines += ["", "| memory / server | value |", "| --- | ---: |",
               f"| RSS start / end / max (MB) | {f(m['rss_start_mb'])} / {f(m['rss_end_mb'])} / {f(m['rss_max_mb'])} |",
+              f"| caches' own bytes at the end (MB) | {f(m['caches_end_mb'])} |",
               f"| RSS slope (MB/min, {m['slope_fit']}) | {f(m['slope_mb_per_min'])} |",
-              f"| growth threshold (MB/min) | < {f(m['threshold_mb_per_min'])} |",
+              f"| caches' slope (MB/min, same samples) | {f(m['caches_slope_mb_per_min'])} |",
+              f"| RSS less caches: slope (MB/min, the verdict's) | {f(m['unexplained_slope_mb_per_min'])} |",
+              f"| growth threshold (MB/min, RSS less caches) | < {f(m['threshold_mb_per_min'])} |",
               f"| server: accepted / finished | {s['accepted']} / {s['finished']} |",
               f"| /api/stats samples | {s['stats_samples']} |"]
+    for c in m.get("caches", {}).values():
+        fill = "-" if c.get("fill") is None else f"{100 * c['fill']:.1f}%"
+        used = "-" if c.get("bytes") is None else f"{c['bytes'] / MB:.1f}"
+        lines.append(f"| {c['label']} ({c['setting']}): MB / budget | {used} / {(c['capacity_bytes'] or 0) / MB:.0f} "
+                     f"({fill}, {f(c.get('entries'))} entries, {f(c.get('evictions'))} evictions) |")
+    for seg in m.get("segments", []):
+        lines.append(f"| worker {seg['pid']} ({seg['start_s']}-{seg['end_s']} s, {seg['samples']} samples, "
+                     f"{seg['fit']}): RSS / caches / RSS less caches (MB/min) | {f(seg['rss_slope'])} / "
+                     f"{f(seg['caches_slope'])} / {f(seg['unexplained_slope'])} |")
+    for e in rep.get("events", []):
+        details = ", ".join(f"{k} {v}" for k, v in e.items() if k not in ("t_s", "event"))
+        lines.append(f"| event at {e['t_s']} s | {e['event']}{': ' + details if details else ''} |")
+    for w in s.get("workers", []):
+        lines.append(f"| worker {w['pid']}: accepted / finished | {w['accepted']} / {w['finished']}"
+                     + ("" if w["idle_at_last_sample"] else " (replaced while busy: its clients' outcomes count)")
+                     + " |")
+        if w.get("shared_cache"):
+            lines.append(f"| worker {w['pid']}: shared cache (Redis) | "
+                         + ", ".join(f"{k} {v}" for k, v in w["shared_cache"].items()) + " |")
     after = s["after"] or {}
     for name in ("cache", "kv_cache", "result_cache"):
         c = after.get(name) or {}
@@ -599,8 +930,9 @@ def markdown(rep: dict) -> str:
     verdict = rep["verdict"]
     why = "; ".join(rep["reasons"]) if rep["reasons"] else (
         "no unexpected outcome, no lost request, "
-        + (f"RSS slope {f(m['slope_mb_per_min'])} MB/min < {f(m['threshold_mb_per_min'])}" if m["trend_judged"]
-           else "memory trend not judged (needs samples over at least a minute after the first minute)"))
+        + (f"RSS less the caches' own bytes grows {f(m['unexplained_slope_mb_per_min'])} MB/min "
+           f"< {f(m['threshold_mb_per_min'])} (RSS itself {f(m['slope_mb_per_min'])})" if m["trend_judged"]
+           else "memory trend not judged (needs samples over at least a minute after the warm-up)"))
     lines += ["", f"**Verdict: {verdict}** ({why})"]
     return "\n".join(lines)
 
@@ -621,8 +953,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=16, help="answer length of the valid requests (default 16; "
                                                              "cancellations ask for 4x)")
     p.add_argument("--sample-every", type=float, default=10.0, help="seconds between /api/stats samples")
-    p.add_argument("--max-rss-slope", type=float, default=5.0,
-                   help="RSS growth threshold in MB/min after the first minute (default 5)")
+    p.add_argument("--max-rss-slope", type=float, default=2.0,
+                   help="growth threshold in MB/min of RSS less the caches' own accounted bytes, after the "
+                        "warm-up (default 2)")
+    p.add_argument("--warmup", type=float, default=WARMUP_S,
+                   help="seconds of each worker's samples left out of the trend (default 60)")
+    managed = p.add_argument_group("managed mode (--serve)")
+    managed.add_argument("--serve", action="store_true",
+                         help="start a redis-server and Gunicorn (one worker, VL_REDIS_URL to that Redis) and soak "
+                              "them, pausing Redis once and SIGTERMing the worker once (--url is ignored)")
+    managed.add_argument("--model", default="demo", help="VL_MODEL of the managed server (default demo)")
+    managed.add_argument("--server-env", nargs="+", metavar="VL_NAME=VALUE",
+                         help="more settings for the managed server (e.g. VL_KV_CACHE_MB=256)")
+    managed.add_argument("--redis-pause", type=float, default=10.0,
+                         help="seconds Redis stays stopped (SIGSTOP) at a quarter of the run (default 10)")
+    managed.add_argument("--serve-dir", help="folder for the managed server's log (default: a new temporary one)")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for one answer")
     p.add_argument("--seed", type=int, default=0, help="seed of the traffic mix and the images")
     return p
@@ -639,7 +984,27 @@ def main(argv: list | None = None) -> int:
         print("error: --minutes/--seconds, --concurrency, --max-tokens and --sample-every must be positive",
               file=sys.stderr)
         return 2
+    managed = None
+    if args.serve:
+        import shutil
+        import tempfile
+
+        if not shutil.which("redis-server"):
+            print("error: --serve needs redis-server (apt-get install redis-server)", file=sys.stderr)
+            return 2
+        workdir = args.serve_dir or tempfile.mkdtemp(prefix="vlservice-soak-")
+        os.makedirs(workdir, exist_ok=True)
+        managed = Managed(args, workdir)
+        print(f"soak: starting redis-server and Gunicorn ({args.model}, one worker); log in {workdir}",
+              file=sys.stderr)
+        try:
+            args.url = managed.start()
+        except Exception as exc:
+            managed.stop()
+            print(f"error: the managed server did not start: {exc}", file=sys.stderr)
+            return 2
     soak = Soak(args)
+    soak.managed = managed
     print(f"soak: {duration:g} s against {soak.url} with {args.concurrency} client(s)", file=sys.stderr)
     try:
         rep = soak.run()
@@ -650,6 +1015,11 @@ def main(argv: list | None = None) -> int:
         soak.stop.set()
         print("interrupted", file=sys.stderr)
         return 1
+    finally:
+        if managed is not None:
+            managed.stop()
+    if managed is not None:
+        rep["server_log"] = str(managed.workdir / "server.log")
     print(markdown(rep))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
