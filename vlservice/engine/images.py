@@ -77,12 +77,19 @@ class Limits:
 class Prepared:
     """One image, ready for the vision encoder."""
 
-    pixel_values: np.ndarray  # (grid_h*grid_w, C*T*P*P) float32
+    resized: np.ndarray  # (height, width, 3) uint8 at the model's size: 8x smaller than its pixel values
     grid_thw: tuple  # (1, grid_h, grid_w)
     size: tuple  # (height, width) after resize
     source_size: tuple  # (height, width) as decoded
     digest: str = ""  # content hash of the resized pixels and grid: the feature cache's key
     timings: dict = field(default_factory=dict)  # image_decode_ms, preprocess_ms (set by `load`)
+    spec: ImageSpec = field(default_factory=ImageSpec)
+
+    @property
+    def pixel_values(self) -> np.ndarray:
+        """(grid_h*grid_w, C*T*P*P) float32, computed when asked (the encoder's input): a request
+        waiting for its turn holds only the uint8 image."""
+        return pixel_values(self.resized, self.spec)
 
     @property
     def num_tokens(self) -> int:
@@ -391,15 +398,20 @@ def prepare(rgb: np.ndarray, spec: ImageSpec, max_pixels: int | None = None,
     h0, w0 = source_size or rgb.shape[:2]
     h, w = smart_resize(h0, w0, spec.factor, spec.min_pixels, _budget(spec, max_pixels))
     resized = resize_bicubic(rgb, h, w)
+    gh, gw = h // spec.patch_size, w // spec.patch_size
+    # The resized uint8 image fixes pixel_values entirely (for one spec) and is 4x smaller to hash.
+    digest = hashlib.blake2b(resized.tobytes(), digest_size=16, person=f"{h}x{w}".encode()[:16]).hexdigest()
+    return Prepared(resized=resized, grid_thw=(1, gh, gw), size=(h, w), source_size=(h0, w0), digest=digest,
+                    spec=spec)
+
+
+def pixel_values(resized: np.ndarray, spec: ImageSpec) -> np.ndarray:
+    """A resized RGB uint8 image to the processor's `pixel_values`: rescale, normalise, patchify."""
     normalised = resized.astype(np.float32)
     normalised *= np.float32(1 / 255)  # in place, the same float32 operations in the same order
     normalised -= np.asarray(spec.image_mean, dtype=np.float32)
     normalised /= np.asarray(spec.image_std, dtype=np.float32)
-    pixel_values, gh, gw = patchify(normalised, spec)
-    # The resized uint8 image fixes pixel_values entirely (for one spec) and is 4x smaller to hash.
-    digest = hashlib.blake2b(resized.tobytes(), digest_size=16, person=f"{h}x{w}".encode()[:16]).hexdigest()
-    return Prepared(pixel_values=pixel_values, grid_thw=(1, gh, gw), size=(h, w), source_size=(h0, w0),
-                    digest=digest)
+    return patchify(normalised, spec)[0]
 
 
 def estimate_tokens(height: int, width: int, spec: ImageSpec, max_pixels: int) -> int:

@@ -100,7 +100,7 @@ class Limits:
 class PreparedVideo:
     """One clip, ready for the vision encoder and the prompt."""
 
-    pixel_values: np.ndarray  # (t*h*w, C*T*P*P) float32
+    clip: np.ndarray  # (T, height, width, 3) uint8 at the model's size, T padded to pairs: 4x smaller than its pixel values
     grid_thw: tuple  # (grid_t, grid_h, grid_w)
     size: tuple  # (height, width) after resize
     source_size: tuple  # (height, width) as decoded
@@ -110,6 +110,17 @@ class PreparedVideo:
     duration_s: float
     digest: str = ""
     timings: dict = field(default_factory=dict)  # video_decode_ms, video_preprocess_ms
+    spec: VideoSpec = field(default_factory=VideoSpec)
+
+    @property
+    def pixel_values(self) -> np.ndarray:
+        """(t*h*w, C*T*P*P) float32, computed when asked (the encoder's input): a request waiting
+        for its turn holds only the uint8 frames."""
+        normalised = self.clip.astype(np.float32)
+        normalised *= np.float32(1 / 255)  # in place: the same float32 operations, one float copy
+        normalised -= np.asarray(self.spec.image_mean, dtype=np.float32)
+        normalised /= np.asarray(self.spec.image_std, dtype=np.float32)
+        return patchify(normalised, self.spec)[0]
 
     @property
     def num_tokens(self) -> int:
@@ -379,13 +390,10 @@ def prepare(frames: list, indices, header: Header, spec: VideoSpec,
         clip = _resample_axis(clip, h, axis=1)
     if pad := -len(clip) % spec.temporal_patch_size:
         clip = np.concatenate([clip, np.repeat(clip[-1:], pad, axis=0)])
-    normalised = clip.astype(np.float32)
-    normalised *= np.float32(1 / 255)  # in place: the same float32 operations, one float copy
-    normalised -= np.asarray(spec.image_mean, dtype=np.float32)
-    normalised /= np.asarray(spec.image_std, dtype=np.float32)
-    pixel_values, grid = patchify(normalised, spec)
+    tp, p = spec.temporal_patch_size, spec.patch_size
+    grid = (len(clip) // tp, h // p, w // p)
     digest = hashlib.blake2b(clip.tobytes(), digest_size=16, person=f"v{len(clip)}x{h}x{w}".encode()[:16]).hexdigest()
-    return PreparedVideo(pixel_values=pixel_values, grid_thw=grid, size=(h, w), source_size=(h0, w0),
+    return PreparedVideo(clip=clip, spec=spec, grid_thw=grid, size=(h, w), source_size=(h0, w0),
                          timestamps=timestamps(indices, header.fps, spec.temporal_patch_size),
                          frame_indices=[int(i) for i in indices], video_fps=header.fps,
                          duration_s=header.duration_s, digest=digest)
