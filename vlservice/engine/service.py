@@ -2,10 +2,12 @@
 
 The workflow of one request, and where each knob acts:
 
-1. `submit(request)` runs in the caller's thread: decode and check the images, preprocess them,
-   hash them, render the chat template and count tokens. Bad input raises an `APIError` here,
-   before anything is queued. A full queue raises `Busy` at once; an identical greedy request is
-   answered from the result cache right here, with no model work.
+1. `submit(request)` runs in the caller's thread: first admission (a full queue raises `Busy` at
+   once, before any media is decoded), then, holding its place, decode and check the images and
+   clips (at most `VL_MEDIA_DECODES` at once in the process), preprocess them, hash them, render
+   the chat template and count tokens. Bad input raises an `APIError` here (and gives the place
+   back), before anything is queued; an identical greedy request is answered from the result
+   cache right here, with no model work.
 2. The scheduler (`scheduler.py`), the one thread that touches the model, admits requests into
    up to `VL_MAX_BATCH` slots by (priority, arrival), takes their features from the cache or
    the vision encoder, prefills their prompts in chunks and decodes every running request in one
