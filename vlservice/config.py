@@ -60,6 +60,7 @@ class Settings:
     prefill_chunk: int = 0
     queue_size: int = 8  # callers allowed to wait for a slot (beyond the VL_MAX_BATCH running)
     queue_timeout_s: float = 120.0  # a queued request that waits longer gets a timeout error
+    media_decodes: int = 2  # images and clips decoded at once per worker (the rest wait their turn, after admission)
     max_tokens_cap: int = 1024  # largest max_tokens a request may ask for
     default_max_tokens: int = 256
     max_context_tokens: int = 8192  # prompt + completion
@@ -149,7 +150,7 @@ class Settings:
         for f in fields(self):  # no count, size or timeout means anything below zero
             if f.type in ("int", "float") and getattr(self, f.name) < 0:
                 raise ValueError(f"VL_{f.name.upper()} must be >= 0, got {getattr(self, f.name)}")
-        for name in ("workers", "http_threads"):
+        for name in ("workers", "http_threads", "media_decodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"VL_{name.upper()} must be >= 1, got {getattr(self, name)}")
         if not 1 <= self.default_max_tokens <= self.max_tokens_cap:

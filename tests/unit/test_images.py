@@ -161,3 +161,77 @@ def test_budget_changes_the_grid_and_token_estimate():
     assert low.num_tokens < high.num_tokens <= 2048
     assert I.estimate_tokens(1200, 1600, SPEC, 256 * 1024) == low.num_tokens
     assert low.digest != high.digest
+
+
+# --------------------------------------------------------------------------- decoded at the model's size (issue 31)
+
+def _photo(h, w, seed=0):
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (max(2, h // 16), max(2, w // 16), 3), dtype=np.uint8)
+    return cv2.resize(small, (w, h), interpolation=cv2.INTER_CUBIC)  # smooth, like a photo
+
+
+@pytest.mark.parametrize("name,data,budget", [
+    ("png", png_bytes(scene(300, 500)), None),
+    ("jpeg, under 4x the model's size", cv2.imencode(".jpg", _photo(900, 1200))[1].tobytes(), 256 * 32 * 32),
+    ("png 16-bit rgba", cv2.imencode(".png", np.dstack([_photo(200, 300).astype(np.uint16) * 257,
+                                                        np.linspace(0, 65535, 300, dtype=np.uint16)[None, :]
+                                                        .repeat(200, 0)]))[1].tobytes(), None),
+])
+def test_load_is_prepare_of_decode_for_normal_images(name, data, budget):
+    """What the service runs (`load`) gives the same bits as decode-then-prepare, which the tests
+    above hold to the Hugging Face processor."""
+    ours = I.load(data, SPEC, I.Limits(), budget)
+    ref = I.prepare(I.decode(data), SPEC, budget)
+    assert ours.grid_thw == ref.grid_thw and ours.source_size == ref.source_size and ours.digest == ref.digest
+    assert np.array_equal(ours.pixel_values, ref.pixel_values)
+    assert set(ours.timings) == {"image_decode_ms", "preprocess_ms"}
+
+
+def test_strips_change_no_bit(monkeypatch):
+    deep = np.dstack([_photo(300, 410, 1).astype(np.uint16) * 251,
+                      np.linspace(0, 65535, 410, dtype=np.uint16)[None, :].repeat(300, 0)])
+    rgb = _photo(301, 409, 2)
+    whole = (I._to_rgb8(deep.copy()), I.resize_bicubic(rgb, 97, 130), I.resize_bicubic(rgb, 700, 900))
+    monkeypatch.setattr(I, "STRIP_BYTES", 4096)  # many strips of a few rows or columns
+    strips = (I._to_rgb8(deep.copy()), I.resize_bicubic(rgb, 97, 130), I.resize_bicubic(rgb, 700, 900))
+    for a, b in zip(whole, strips):
+        assert np.array_equal(a, b)
+
+
+def test_16_bit_and_alpha_are_reduced_in_strips():
+    """The wide temporaries (uint32 per channel) are a strip's, never the image's: numpy's peak
+    allocation while converting is the 8-bit result plus a few strips."""
+    import tracemalloc
+
+    deep = np.full((2000, 2000, 4), 40000, np.uint16)  # 32 MB; the whole-image uint32 copy: 64 MB
+    tracemalloc.start()
+    try:
+        out = I._to_rgb8(deep)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert out.shape == (2000, 2000, 3) and out.dtype == np.uint8
+    assert peak < out.nbytes + 6 * I.STRIP_BYTES  # 12 MB + 48 MB; the old whole-image conversion: > 150 MB
+
+
+@pytest.mark.parametrize("orientation", [1, 6])
+def test_large_jpeg_is_decoded_reduced_with_the_full_size_grid(orientation):
+    h, w = 3000, 4200
+    rgb = _photo(h, w, 3)
+    exif = Image.Exif()
+    exif[0x0112] = orientation  # 6: rotate 90 degrees clockwise to display
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, format="JPEG", quality=92, exif=exif)
+    data = buf.getvalue()
+    budget = 256 * 32 * 32
+    assert I.reduction("jpeg", h, w, SPEC, budget) == 2  # 1500x2100 is still twice the model's 448x608
+    assert I.reduction("png", h, w, SPEC, budget) == 1
+    assert I.reduction("jpeg", h, w, SPEC, None) == 1  # at the model's largest size, no reduction
+    ours = I.load(data, SPEC, I.Limits(), budget)
+    full = I.prepare(I.decode(data), SPEC, budget)
+    assert ours.source_size == full.source_size == ((h, w) if orientation == 1 else (w, h))
+    assert ours.grid_thw == full.grid_thw and ours.size == full.size
+    # the DCT-domain halving, then the same antialiased bicubic: the same picture, within JPEG noise
+    diff = np.abs(ours.pixel_values - full.pixel_values)
+    assert diff.mean() < 0.01 and np.percentile(diff, 99) < 0.05

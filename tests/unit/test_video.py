@@ -221,3 +221,34 @@ def test_bad_videos_are_refused_and_leave_no_file(tmp_path, private_tmp):
 def test_a_good_clip_leaves_no_file(tmp_path, private_tmp):
     prepared = video.load(make_clip(tmp_path), SPEC)
     assert prepared.num_tokens > 0 and prepared.digest
+
+
+# --------------------------------------------------------------------------- frames resized as read (issue 31)
+
+@pytest.mark.parametrize("pixels", [None, 64 * 32 * 32])
+def test_frames_resized_as_read_give_the_same_bits(pixels):
+    """`load` resizes each frame as it is read (never a full-size stack); the result is the one the
+    reference-checked whole-clip path (`decode` then `prepare`) gives, bit for bit."""
+    data = FIXTURE.read_bytes()
+    ours = video.load(data, SPEC, frame_pixels=pixels)
+    frames, indices, header = video.decode(data, SPEC)
+    ref = video.prepare(frames, indices, header, SPEC, pixels)
+    assert ours.grid_thw == ref.grid_thw and ours.source_size == ref.source_size and ours.digest == ref.digest
+    assert np.array_equal(ours.pixel_values, ref.pixel_values)
+
+
+def test_only_model_sized_frames_are_kept(tmp_path):
+    """Frames 4x the model's size on a side are area-halved first (`reduction`), then resized; what
+    the decode hands over is already the model's size, and the grid is the full-size frame's."""
+    data = make_clip(tmp_path, "mp4v", fps=10.0, frames=10, size=(1024, 768))
+    pixels = 16 * 32 * 32  # a 128x96 frame: 1024x768 is 8x it, so it is halved by area twice
+    frames, indices, header = video.decode(data, SPEC, frame_pixels=pixels, resize=True)
+    h, w = video.target_size(len(indices), 768, 1024, SPEC, pixels)
+    assert header.source_size == (768, 1024) and video.reduction(768, 1024, (h, w)) == 4
+    assert all(f.shape == (h, w, 3) for f in frames)
+    ours = video.load(data, SPEC, frame_pixels=pixels)
+    full, indices, header = video.decode(data, SPEC)
+    ref = video.prepare(full, indices, header, SPEC, pixels)
+    assert ours.grid_thw == ref.grid_thw and ours.source_size == (768, 1024)
+    assert np.abs(ours.pixel_values - ref.pixel_values).mean() < 0.02  # flat frames: the same picture
+    assert video.reduction(300, 400, (96, 128)) == 0  # under 4x: exactly the reference's resize

@@ -23,7 +23,8 @@ import hashlib
 import math
 import os
 import struct
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(64 * 1024 * 1024))  # before cv2 is imported
 
@@ -76,11 +77,19 @@ class Limits:
 class Prepared:
     """One image, ready for the vision encoder."""
 
-    pixel_values: np.ndarray  # (grid_h*grid_w, C*T*P*P) float32
+    resized: np.ndarray  # (height, width, 3) uint8 at the model's size: 8x smaller than its pixel values
     grid_thw: tuple  # (1, grid_h, grid_w)
     size: tuple  # (height, width) after resize
     source_size: tuple  # (height, width) as decoded
     digest: str = ""  # content hash of the resized pixels and grid: the feature cache's key
+    timings: dict = field(default_factory=dict)  # image_decode_ms, preprocess_ms (set by `load`)
+    spec: ImageSpec = field(default_factory=ImageSpec)
+
+    @property
+    def pixel_values(self) -> np.ndarray:
+        """(grid_h*grid_w, C*T*P*P) float32, computed when asked (the encoder's input): a request
+        waiting for its turn holds only the uint8 image."""
+        return pixel_values(self.resized, self.spec)
 
     @property
     def num_tokens(self) -> int:
@@ -156,8 +165,8 @@ def _webp_size(data: bytes) -> tuple[int, int]:
 
 # --------------------------------------------------------------------------- decode
 
-def decode(data: bytes, limits: Limits = Limits()) -> np.ndarray:
-    """Bytes to an RGB uint8 array (H, W, 3), or InvalidImage / ImageTooLarge."""
+def check(data: bytes, limits: Limits = Limits()) -> tuple[str, int, int]:
+    """(format, width, height) from the header, checked against the limits before any pixel is decoded."""
     if len(data) > limits.max_bytes:
         raise ImageTooLarge(f"the image is {len(data)} bytes; the limit is {limits.max_bytes} bytes")
     fmt, w, h = probe(data)
@@ -172,40 +181,101 @@ def decode(data: bytes, limits: Limits = Limits()) -> np.ndarray:
             f"the image is {w}x{h}: aspect ratio {max(w, h) / min(w, h):.0f}:1 exceeds "
             f"{limits.max_aspect_ratio:.0f}:1"
         )
+    return fmt, w, h
+
+
+def decode(data: bytes, limits: Limits = Limits(), reduce: int = 1) -> np.ndarray:
+    """Bytes to an RGB uint8 array (H, W, 3), or InvalidImage / ImageTooLarge. `reduce` (2, 4 or 8,
+    JPEG only) has libjpeg decode at 1/reduce of the size, in the DCT: the full size never exists."""
+    fmt, w, h = check(data, limits)
     buf = np.frombuffer(data, dtype=np.uint8)
     if fmt == "jpeg":
         # IMREAD_COLOR applies the EXIF orientation and converts CMYK and grayscale for us.
-        img = cv2.imdecode(buf, cv2.IMREAD_COLOR)
+        img = cv2.imdecode(buf, _REDUCED_COLOR.get(reduce, cv2.IMREAD_COLOR))
     else:
+        reduce = 1
         img = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
     if img is None or img.size == 0:
         raise InvalidImage(f"the {fmt.upper()} data could not be decoded (truncated or corrupt)")
-    if fmt == "jpeg" and (img.shape[0], img.shape[1]) not in ((h, w), (w, h)):
+    rh, rw = -(-h // reduce), -(-w // reduce)
+    if fmt == "jpeg" and (img.shape[0], img.shape[1]) not in ((rh, rw), (rw, rh)):
         raise InvalidImage("the JPEG data is corrupt (decoded size differs from its header)")
     return _to_rgb8(img)
 
 
+_REDUCED_COLOR = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
+
+
+def reduction(fmt: str, height: int, width: int, spec: ImageSpec, max_pixels: int | None = None,
+              min_pixels: int | None = None) -> int:
+    """How much smaller (1, 2, 4 or 8) a JPEG can be decoded, by libjpeg's scaled DCT, and still be
+    at least twice the model's size on each side (then the antialiased resize does the rest). Other
+    formats, and JPEGs whose reduced sides would be equal though the full ones are not (the EXIF
+    rotation could then not be told from the decoded shape), decode at full size: 1."""
+    if fmt != "jpeg":
+        return 1
+    budget = _budget(spec, max_pixels)
+    th, tw = smart_resize(height, width, spec.factor, _floor(spec, budget, min_pixels), budget)
+    for r in (8, 4, 2):
+        rh, rw = -(-height // r), -(-width // r)
+        if rh >= 2 * th and rw >= 2 * tw and (rh != rw or height == width):
+            return r
+    return 1
+
+
+def load(data: bytes, spec: ImageSpec, limits: Limits = Limits(), max_pixels: int | None = None,
+         min_pixels: int | None = None) -> Prepared:
+    """Bytes to a `Prepared` image, decoded at the size the model uses: the header is checked first,
+    a large JPEG is decoded reduced (`reduction`), 16-bit and alpha are reduced to RGB8 in strips,
+    and the resize works in strips, so no full-size temporary beyond the decoded image exists. The
+    grid and `source_size` are those of the full-size image (grounding boxes are in its pixels)."""
+    t0 = time.perf_counter()
+    fmt, w, h = check(data, limits)
+    r = reduction(fmt, h, w, spec, max_pixels, min_pixels)
+    rgb = decode(data, limits, r)
+    source = None
+    if r > 1:  # EXIF may have rotated it: the decoded shape says which way up (reduction() made it unambiguous)
+        source = (h, w) if rgb.shape[:2] == (-(-h // r), -(-w // r)) else (w, h)
+    t1 = time.perf_counter()
+    prepared = prepare(rgb, spec, max_pixels, min_pixels, source_size=source)
+    prepared.timings = {"image_decode_ms": (t1 - t0) * 1e3, "preprocess_ms": (time.perf_counter() - t1) * 1e3}
+    return prepared
+
+
+STRIP_BYTES = 8 << 20  # the most a temporary of one strip holds (conversions and resize passes)
+
+
 def _to_rgb8(img: np.ndarray) -> np.ndarray:
+    """Any decoded image to RGB uint8. 16-bit, float and alpha are converted in strips of rows, so
+    their wide temporaries (uint32, float) are a strip's, never the whole image's."""
+    if img.dtype not in (np.uint8, np.uint16, np.float32, np.float64):
+        raise InvalidImage(f"unsupported pixel type {img.dtype}")
+    channels = 1 if img.ndim == 2 else img.shape[2]
+    if channels not in (1, 3, 4):
+        raise InvalidImage(f"unsupported number of channels: {channels}")
+    if img.dtype == np.uint8 and channels == 3:
+        return cv2.cvtColor(img, cv2.COLOR_BGR2RGB, dst=img)  # in place: no second copy
+    out = np.empty(img.shape[:2] + (3,), np.uint8)
+    step = max(1, STRIP_BYTES // max(1, img.shape[1] * channels * 8))
+    for a in range(0, img.shape[0], step):
+        out[a:a + step] = _strip_to_rgb8(img[a:a + step])
+    return out
+
+
+def _strip_to_rgb8(img: np.ndarray) -> np.ndarray:
     if img.dtype == np.uint16:
         img = ((img.astype(np.uint32) * 255 + 32767) // 65535).astype(np.uint8)
     elif img.dtype in (np.float32, np.float64):
         img = np.clip(img * 255.0 + 0.5, 0, 255).astype(np.uint8)
-    elif img.dtype != np.uint8:
-        raise InvalidImage(f"unsupported pixel type {img.dtype}")
-    if img.ndim == 2:
+    if img.ndim == 2 or img.shape[2] == 1:
         return cv2.cvtColor(img, cv2.COLOR_GRAY2RGB)
-    channels = img.shape[2]
-    if channels == 1:
-        return cv2.cvtColor(img, cv2.COLOR_GRAY2RGB)
-    if channels == 3:
+    if img.shape[2] == 3:
         return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
-    if channels == 4:
-        # Flatten onto white, with PIL's alpha_composite rounding: (a*c + (255-a)*255) / 255.
-        rgb = img[:, :, 2::-1].astype(np.uint32)
-        alpha = img[:, :, 3:4].astype(np.uint32)
-        out = (rgb * alpha + 255 * (255 - alpha) + 127) // 255
-        return np.ascontiguousarray(out.astype(np.uint8))
-    raise InvalidImage(f"unsupported number of channels: {channels}")
+    # Flatten onto white, with PIL's alpha_composite rounding: (a*c + (255-a)*255) / 255.
+    rgb = img[:, :, 2::-1].astype(np.uint32)
+    alpha = img[:, :, 3:4].astype(np.uint32)
+    out = (rgb * alpha + 255 * (255 - alpha) + 127) // 255
+    return out.astype(np.uint8)
 
 
 # --------------------------------------------------------------------------- resize
@@ -264,7 +334,24 @@ def _coefficients(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _resample_axis(img: np.ndarray, out_size: int, axis: int) -> np.ndarray:
+    """One pass of the resize along `axis`, in strips along another axis (the int32 accumulators
+    and per-tap temporaries are a strip's: at most about `STRIP_BYTES` each); the arithmetic per
+    output pixel is the same whatever the strips are."""
     index, weights = _coefficients(img.shape[axis], out_size)
+    shape = img.shape[:axis] + (out_size,) + img.shape[axis + 1:]
+    other = 1 if axis == 0 else 0
+    out = np.empty(shape, np.uint8)
+    per_slice = max(1, math.prod(shape) // shape[other] * 4)
+    step = max(1, STRIP_BYTES // per_slice)
+    cut = [slice(None)] * img.ndim
+    for a in range(0, shape[other], step):
+        cut[other] = slice(a, a + step)
+        out[tuple(cut)] = _resample_block(img[tuple(cut)], index, weights, axis)
+    return out
+
+
+def _resample_block(img: np.ndarray, index: np.ndarray, weights: np.ndarray, axis: int) -> np.ndarray:
+    out_size = index.shape[0]
     acc = np.full(
         img.shape[:axis] + (out_size,) + img.shape[axis + 1:], 1 << (_PRECISION_BITS - 1), dtype=np.int32
     )
@@ -276,7 +363,8 @@ def _resample_axis(img: np.ndarray, out_size: int, axis: int) -> np.ndarray:
             continue
         # int32 is enough: 255 * sum(|w|) * 2**22 stays below 2**31 for the bicubic kernel.
         acc += np.take(img, index[:, k], axis=axis).astype(np.int32) * w.reshape(shape)
-    return np.clip(acc >> _PRECISION_BITS, 0, 255).astype(np.uint8)
+    np.clip(acc >> _PRECISION_BITS, 0, 255, out=acc)
+    return acc.astype(np.uint8)
 
 
 def resize_bicubic(img: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -301,25 +389,39 @@ def patchify(image: np.ndarray, spec: ImageSpec) -> tuple[np.ndarray, int, int]:
     return np.ascontiguousarray(patches.reshape(gh * gw, c * t * p * p), dtype=np.float32), gh, gw
 
 
-def prepare(rgb: np.ndarray, spec: ImageSpec, max_pixels: int | None = None,
-            min_pixels: int | None = None) -> Prepared:
-    """A decoded RGB image to `pixel_values` and `grid_thw` under a pixel budget; `min_pixels` (a
-    request's) raises the model's lower bound, never above the budget."""
-    h0, w0 = rgb.shape[:2]
+def _budget(spec: ImageSpec, max_pixels: int | None) -> int:
     budget = spec.max_pixels if max_pixels is None else min(max_pixels, spec.max_pixels)
-    budget = max(budget, spec.min_pixels)
-    floor = spec.min_pixels if min_pixels is None else min(max(min_pixels, spec.min_pixels), budget)
-    h, w = smart_resize(h0, w0, spec.factor, floor, budget)
+    return max(budget, spec.min_pixels)
+
+
+def _floor(spec: ImageSpec, budget: int, min_pixels: int | None) -> int:
+    """The model's lower bound, raised by a request's `min_pixels`, never above the budget."""
+    return spec.min_pixels if min_pixels is None else min(max(min_pixels, spec.min_pixels), budget)
+
+
+def prepare(rgb: np.ndarray, spec: ImageSpec, max_pixels: int | None = None, min_pixels: int | None = None,
+            source_size: tuple | None = None) -> Prepared:
+    """A decoded RGB image to `pixel_values` and `grid_thw` under a pixel budget; `min_pixels` (a
+    request's) raises the model's lower bound, never above the budget. `source_size`: the (height,
+    width) the grid is computed from when `rgb` was decoded reduced (default: its own)."""
+    h0, w0 = source_size or rgb.shape[:2]
+    budget = _budget(spec, max_pixels)
+    h, w = smart_resize(h0, w0, spec.factor, _floor(spec, budget, min_pixels), budget)
     resized = resize_bicubic(rgb, h, w)
-    scaled = resized.astype(np.float32) * np.float32(1 / 255)
-    mean = np.asarray(spec.image_mean, dtype=np.float32)
-    std = np.asarray(spec.image_std, dtype=np.float32)
-    normalised = (scaled - mean) / std
-    pixel_values, gh, gw = patchify(normalised, spec)
+    gh, gw = h // spec.patch_size, w // spec.patch_size
     # The resized uint8 image fixes pixel_values entirely (for one spec) and is 4x smaller to hash.
     digest = hashlib.blake2b(resized.tobytes(), digest_size=16, person=f"{h}x{w}".encode()[:16]).hexdigest()
-    return Prepared(pixel_values=pixel_values, grid_thw=(1, gh, gw), size=(h, w), source_size=(h0, w0),
-                    digest=digest)
+    return Prepared(resized=resized, grid_thw=(1, gh, gw), size=(h, w), source_size=(h0, w0), digest=digest,
+                    spec=spec)
+
+
+def pixel_values(resized: np.ndarray, spec: ImageSpec) -> np.ndarray:
+    """A resized RGB uint8 image to the processor's `pixel_values`: rescale, normalise, patchify."""
+    normalised = resized.astype(np.float32)
+    normalised *= np.float32(1 / 255)  # in place, the same float32 operations in the same order
+    normalised -= np.asarray(spec.image_mean, dtype=np.float32)
+    normalised /= np.asarray(spec.image_std, dtype=np.float32)
+    return patchify(normalised, spec)[0]
 
 
 def estimate_tokens(height: int, width: int, spec: ImageSpec, max_pixels: int) -> int:

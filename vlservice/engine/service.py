@@ -2,10 +2,12 @@
 
 The workflow of one request, and where each knob acts:
 
-1. `submit(request)` runs in the caller's thread: decode and check the images, preprocess them,
-   hash them, render the chat template and count tokens. Bad input raises an `APIError` here,
-   before anything is queued. A full queue raises `Busy` at once; an identical greedy request is
-   answered from the result cache right here, with no model work.
+1. `submit(request)` runs in the caller's thread: first admission (a full queue raises `Busy` at
+   once, before any media is decoded), then, holding its place, decode and check the images and
+   clips (at most `VL_MEDIA_DECODES` at once in the process), preprocess them, hash them, render
+   the chat template and count tokens. Bad input raises an `APIError` here (and gives the place
+   back), before anything is queued; an identical greedy request is answered from the result
+   cache right here, with no model work.
 2. The scheduler (`scheduler.py`), the one thread that touches the model, admits requests into
    up to `VL_MAX_BATCH` slots by (priority, arrival), takes their features from the cache or
    the vision encoder, prefills their prompts in chunks and decodes every running request in one
@@ -20,6 +22,7 @@ ONNX Runtime session, warms up and starts the scheduler.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -30,7 +33,7 @@ import numpy as np
 
 from ..config import Settings
 from ..errors import (APIError, Busy, Cancelled, ContextLengthExceeded, InvalidRequest,
-                      NotReady)
+                      NotReady, QueueTimeout)
 from . import images as imgs
 from . import video as vid
 from .caches import FeatureCache, PrefixCache, ResultCache, SharedStore, feature_key
@@ -133,6 +136,8 @@ class VLModelService:
         self._slots = threading.BoundedSemaphore(settings.queue_size + settings.max_batch)
         self._active: dict[str, Generation] = {}
         self._active_lock = threading.Lock()
+        # media being decoded at once (VL_MEDIA_DECODES): the process-wide bound on decode memory
+        self._decoding = threading.BoundedSemaphore(settings.media_decodes)
         self.cache: FeatureCache | None = None
         self.shared: SharedStore | None = None  # the Redis tier of both caches (VL_REDIS_URL)
         self.model_fp = ""
@@ -246,6 +251,49 @@ class VLModelService:
         assert self.encoder is not None, "ready: start() loaded the encoder"
         self._check_sampling(request.sampling)
         t0 = time.perf_counter()
+        # Admission first: a full queue is refused before any image or clip is decoded.
+        if not self._slots.acquire(blocking=False):
+            self.counters.add("busy")
+            raise Busy(f"the server is busy ({self.settings.queue_size} requests already waiting); retry later",
+                       retry_after=self.retry_after())
+        try:
+            work = self._work(request, t0)
+        except BaseException:
+            self._slots.release()  # not registered yet: nothing else gives the slot back
+            raise
+        self.counters.add("requests")
+        gen = Generation(self, request, work)
+        # Registered before anything can finish it: a result-cache replay ends (and unregisters)
+        # at once, and registering after that kept every such request alive for good.
+        with self._active_lock:
+            self._active[gen.id] = gen
+        try:
+            gen.queue.put(Event("queued", data={"position": work["queue_position"]}))
+            cached = self.results.get(work["result_key"]) if work["result_key"] else None
+            if cached is not None:
+                self._replay(gen, cached, dict(work["timings"]))
+            else:
+                assert self.scheduler is not None, "ready: start() started the scheduler"
+                self.scheduler.submit(gen)
+        except Exception:
+            self._leave(gen)
+            raise
+        return gen
+
+    def _work(self, request: ChatRequest, t0: float) -> dict:
+        """What the scheduler needs of an admitted request (it holds a slot): its media decoded
+        (one decode turn each), its prompt, its cache keys."""
+        assert self.encoder is not None, "ready: start() loaded the encoder"
+        s = request.sampling
+        constraint, compile_s = None, 0.0
+        if s.grammar:  # `response_format`: the matcher is built here (a bad schema is refused before any
+            t = time.perf_counter()  # decode), never on the scheduler's thread
+            try:
+                constraint = self.grammars.constraint(s.grammar)
+            except GrammarError as exc:
+                raise InvalidRequest(f"`response_format` cannot be used with this model's tokenizer: {explain(exc)}",
+                                     param="response_format", code="invalid_schema") from None
+            compile_s = time.perf_counter() - t
         decode_s = prep_s = 0.0
         prepared: list[imgs.Prepared | vid.PreparedVideo] = []
         keys, budgets = [], []
@@ -260,45 +308,25 @@ class VLModelService:
                 budgets.append(budget)
                 keys.append(feature_key(v.digest, v.grid_thw, budget, self.model_fp, self.encoder.name))
                 continue
-            t = time.perf_counter()
-            try:
-                rgb = imgs.decode(img.data, self.limits)
-            except APIError as exc:
-                exc.param = exc.param or img.param
-                raise
-            decode_s += time.perf_counter() - t
-            t = time.perf_counter()
             budget = img.max_pixels or self.settings.detail_pixels(img.detail)
             try:
-                p = imgs.prepare(rgb, self.spec, budget, img.min_pixels)
+                with self.decode_turn():
+                    p = imgs.load(img.data, self.spec, self.limits, budget, img.min_pixels)
             except APIError as exc:
                 exc.param = exc.param or img.param
                 raise
-            prep_s += time.perf_counter() - t
+            decode_s += p.timings["image_decode_ms"] / 1e3
+            prep_s += p.timings["preprocess_ms"] / 1e3
             prepared.append(p)
             budgets.append(budget)
             keys.append(feature_key(p.digest, p.grid_thw, budget, self.model_fp, self.encoder.name))
         prompt = self._prompt(request.messages, prepared)
-        s = request.sampling
         if len(prompt) + s.max_tokens > self.settings.max_context_tokens:
             raise ContextLengthExceeded(
                 f"this request needs {len(prompt)} prompt tokens (including "
                 f"{sum(p.num_tokens for p in prepared)} image and video tokens) plus max_tokens={s.max_tokens}, "
                 f"more than the context limit of {self.settings.max_context_tokens} tokens",
                 param="messages")
-        constraint, compile_s = None, 0.0
-        if s.grammar:  # `response_format`: the matcher is built here, never on the scheduler's thread
-            t = time.perf_counter()
-            try:
-                constraint = self.grammars.constraint(s.grammar)
-            except GrammarError as exc:
-                raise InvalidRequest(f"`response_format` cannot be used with this model's tokenizer: {explain(exc)}",
-                                     param="response_format", code="invalid_schema") from None
-            compile_s = time.perf_counter() - t
-        if not self._slots.acquire(blocking=False):
-            self.counters.add("busy")
-            raise Busy(f"the server is busy ({self.settings.queue_size} requests already waiting); retry later",
-                       retry_after=self.retry_after())
         spans = prompt.media_spans(self.decoder.image_token_id, self.decoder.video_token_id)
         images = [(a, b, k) for (a, b), k in zip(spans, keys)]
         result_key = None
@@ -310,24 +338,7 @@ class VLModelService:
                             **({"grammar_compile_ms": compile_s * 1e3} if constraint is not None else {}),
                             "submit_ms": (time.perf_counter() - t0) * 1e3},
                 "t_submit": time.perf_counter(), "queue_position": self.queue_depth() + self.running()}
-        self.counters.add("requests")
-        gen = Generation(self, request, work)
-        # Registered before anything can finish it: a result-cache replay ends (and unregisters)
-        # at once, and registering after that kept every such request alive for good.
-        with self._active_lock:
-            self._active[gen.id] = gen
-        try:
-            gen.queue.put(Event("queued", data={"position": work["queue_position"]}))
-            cached = self.results.get(result_key) if result_key else None
-            if cached is not None:
-                self._replay(gen, cached, dict(work["timings"]))
-            else:
-                assert self.scheduler is not None, "ready: start() started the scheduler"
-                self.scheduler.submit(gen)
-        except Exception:
-            self._leave(gen)
-            raise
-        return gen
+        return work
 
     def cancel(self, request_id: str) -> bool:
         with self._active_lock:
@@ -339,11 +350,24 @@ class VLModelService:
             self.scheduler.wake()
         return True
 
+    @contextlib.contextmanager
+    def decode_turn(self):
+        """One of the VL_MEDIA_DECODES turns to decode an image or a clip; waiting longer than
+        VL_QUEUE_TIMEOUT_S for one is a 503 `queue_timeout`, like waiting for a slot."""
+        if not self._decoding.acquire(timeout=self.settings.queue_timeout_s):
+            raise QueueTimeout(f"no turn to decode the media within {self.settings.queue_timeout_s:g} s; retry later",
+                               retry_after=self.retry_after())
+        try:
+            yield
+        finally:
+            self._decoding.release()
+
     def _video(self, clip: VideoInput) -> vid.PreparedVideo:
         """Decode, sample and preprocess one clip (bad input: an APIError naming its part)."""
         try:
-            return vid.load(clip.data, self.video_spec, self.video_limits, clip.fps, clip.max_frames,
-                            clip.max_pixels or self.settings.video_frame_pixels(clip.detail), clip.min_frames)
+            with self.decode_turn():
+                return vid.load(clip.data, self.video_spec, self.video_limits, clip.fps, clip.max_frames,
+                                clip.max_pixels or self.settings.video_frame_pixels(clip.detail), clip.min_frames)
         except APIError as exc:
             exc.param = exc.param or clip.param
             raise

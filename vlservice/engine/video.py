@@ -100,7 +100,7 @@ class Limits:
 class PreparedVideo:
     """One clip, ready for the vision encoder and the prompt."""
 
-    pixel_values: np.ndarray  # (t*h*w, C*T*P*P) float32
+    clip: np.ndarray  # (T, height, width, 3) uint8 at the model's size, T padded to pairs: 4x smaller than its pixel values
     grid_thw: tuple  # (grid_t, grid_h, grid_w)
     size: tuple  # (height, width) after resize
     source_size: tuple  # (height, width) as decoded
@@ -110,6 +110,17 @@ class PreparedVideo:
     duration_s: float
     digest: str = ""
     timings: dict = field(default_factory=dict)  # video_decode_ms, video_preprocess_ms
+    spec: VideoSpec = field(default_factory=VideoSpec)
+
+    @property
+    def pixel_values(self) -> np.ndarray:
+        """(t*h*w, C*T*P*P) float32, computed when asked (the encoder's input): a request waiting
+        for its turn holds only the uint8 frames."""
+        normalised = self.clip.astype(np.float32)
+        normalised *= np.float32(1 / 255)  # in place: the same float32 operations, one float copy
+        normalised -= np.asarray(self.spec.image_mean, dtype=np.float32)
+        normalised /= np.asarray(self.spec.image_std, dtype=np.float32)
+        return patchify(normalised, self.spec)[0]
 
     @property
     def num_tokens(self) -> int:
@@ -188,9 +199,11 @@ def patchify(frames: np.ndarray, spec: VideoSpec) -> tuple[np.ndarray, tuple]:
     p, m, tp = spec.patch_size, spec.merge_size, spec.temporal_patch_size
     t, h, w, c = frames.shape
     gt, gh, gw = t // tp, h // p, w // p
-    x = frames.transpose(0, 3, 1, 2).reshape(gt, tp, c, gh // m, m, p, gw // m, m, p)
-    x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
-    return np.ascontiguousarray(x.reshape(gt * gh * gw, c * tp * p * p), dtype=np.float32), (gt, gh, gw)
+    # A view of the (T, H, W, C) frames, then one transpose and one copy (the same order as the
+    # reference's channels-first view; never a second full-size float temporary).
+    x = np.asarray(frames, dtype=np.float32).reshape(gt, tp, gh // m, m, p, gw // m, m, p, c)
+    x = x.transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)
+    return np.ascontiguousarray(x).reshape(gt * gh * gw, c * tp * p * p), (gt, gh, gw)
 
 
 # --------------------------------------------------------------------------- container check
@@ -214,6 +227,7 @@ class Header:
     height: int
     fps: float
     frames: int
+    source_size: tuple | None = None  # (height, width) of the frames as decoded, once one is read
 
     @property
     def duration_s(self) -> float:
@@ -253,7 +267,8 @@ def _count(cap, header: Header, limits: Limits) -> int:
 
 
 def _open(name: str, kind: str):
-    cap = cv2.VideoCapture(name, cv2.CAP_FFMPEG)
+    # one decoding thread: FFmpeg's frame threads each hold frames (memory), and the cores are the model's
+    cap = cv2.VideoCapture(name, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, 1])
     if not cap.isOpened():
         cap.release()
         raise InvalidVideo(f"the {kind.upper()} data could not be opened (truncated or corrupt)")
@@ -263,10 +278,13 @@ def _open(name: str, kind: str):
 # --------------------------------------------------------------------------- decode + prepare
 
 def decode(data: bytes, spec: VideoSpec, limits: Limits = Limits(), fps: float | None = None,
-           max_frames: int | None = None, min_frames: int | None = None) -> tuple[list, np.ndarray, Header]:
+           max_frames: int | None = None, frame_pixels: int | None = None,
+           resize: bool = False, min_frames: int | None = None) -> tuple[list, np.ndarray, Header]:
     """Bytes to (sampled RGB frames, their indices, the header), or InvalidVideo / VideoTooLarge
     (before decoding when the header tells). The temporary file FFmpeg reads from is gone when this
-    returns, whatever happened."""
+    returns, whatever happened. `resize`: each sampled frame is resized to the clip's model size
+    (`target_size` with `frame_pixels`) as soon as it is read, so at most one full-size frame exists
+    at a time (`header.source_size` keeps the size as decoded)."""
     if len(data) > limits.max_bytes:
         raise VideoTooLarge(f"the video is {len(data)} bytes; the limit is {limits.max_bytes} bytes")
     kind = sniff(data)
@@ -287,7 +305,8 @@ def decode(data: bytes, spec: VideoSpec, limits: Limits = Limits(), fps: float |
                 cap = _open(name, kind)
             least = spec.min_frames if min_frames is None else min(min_frames, cap_frames)
             indices = sample_indices(header.frames, header.fps, fps or spec.fps, least, cap_frames)
-            return _read(cap, header, indices), indices, header
+            size_of = (lambda h0, w0: target_size(len(indices), h0, w0, spec, frame_pixels)) if resize else None
+            return _read(cap, header, indices, size_of), indices, header
         finally:
             cap.release()
     finally:
@@ -299,25 +318,42 @@ def load(data: bytes, spec: VideoSpec, limits: Limits = Limits(), fps: float | N
          min_frames: int | None = None) -> PreparedVideo:
     """Bytes to a `PreparedVideo` (decode, then prepare), with the time each step took."""
     t0 = time.perf_counter()
-    frames, indices, header = decode(data, spec, limits, fps, max_frames, min_frames)
+    frames, indices, header = decode(data, spec, limits, fps, max_frames, frame_pixels, resize=True,
+                                     min_frames=min_frames)
     t1 = time.perf_counter()
-    prepared = prepare(frames, indices, header, spec, frame_pixels)
+    prepared = prepare(frames, indices, header, spec, frame_pixels, source_size=header.source_size)
     prepared.timings = {"video_decode_ms": (t1 - t0) * 1e3, "video_preprocess_ms": (time.perf_counter() - t1) * 1e3}
     return prepared
 
 
-def _read(cap, header: Header, indices: np.ndarray) -> list[np.ndarray]:
+def _read(cap, header: Header, indices: np.ndarray, size_of=None) -> list[np.ndarray]:
     """The sampled frames (RGB uint8), in one pass. Containers may overstate their frame count by
     a frame or two (the count is estimated from the duration): the missing tail repeats the last
-    frame read; a stream that ends sooner than that is truncated."""
+    frame read; a stream that ends sooner than that is truncated. `size_of(h0, w0) -> (h, w)`: each
+    frame is resized to it as it is read (the full-size frame is dropped before the next is read)."""
     wanted, i = [int(x) for x in indices], 0
     out: list[np.ndarray] = []
+    source: tuple | None = None
+    target: tuple = ()
     while len(out) < len(wanted) and cap.grab():
         if wanted[len(out)] == i:  # indices are distinct and increasing (n <= frames)
             ok, frame = cap.retrieve()
             if not ok or frame is None:
                 raise InvalidVideo(f"frame {i} of the video could not be decoded (corrupt)")
-            out.append(_to_rgb8(frame))
+            if source is None:
+                source = frame.shape[:2]
+                target = size_of(*source) if size_of else source
+            elif frame.shape[:2] != source:
+                raise InvalidVideo("the video's frame size changes within the stream")
+            rgb = _to_rgb8(frame)
+            del frame
+            if r := reduction(rgb.shape[0], rgb.shape[1], target):
+                rgb = cv2.resize(rgb, (rgb.shape[1] // r, rgb.shape[0] // r), interpolation=cv2.INTER_AREA)
+            if rgb.shape[1] != target[1]:
+                rgb = _resample_axis(rgb, target[1], axis=1)
+            if rgb.shape[0] != target[0]:
+                rgb = _resample_axis(rgb, target[0], axis=0)
+            out.append(rgb)
         i += 1
     if not out:
         raise InvalidVideo("no frame of the video could be decoded (truncated or corrupt)")
@@ -327,27 +363,40 @@ def _read(cap, header: Header, indices: np.ndarray) -> list[np.ndarray]:
     out.extend([out[-1]] * missing)
     if any(f.shape != out[0].shape for f in out):
         raise InvalidVideo("the video's frame size changes within the stream")
+    header.source_size = source
     return out
 
 
+def reduction(height: int, width: int, target: tuple) -> int:
+    """FFmpeg (through OpenCV) cannot decode a frame reduced, as libjpeg can: a frame at least 4x
+    the model's size on each side is first shrunk by an area average of 2, 4 or 8 (cheap, exact
+    for whole factors) to no less than twice that size, then resized by the PIL-exact bicubic as
+    any frame. 0: no pre-reduction (every clip up to 4x the model's size is resized exactly as
+    the reference does)."""
+    for r in (8, 4, 2):
+        if height // r >= 2 * target[0] and width // r >= 2 * target[1]:
+            return r
+    return 0
+
+
 def prepare(frames: list, indices, header: Header, spec: VideoSpec,
-            frame_pixels: int | None = None) -> PreparedVideo:
-    """Sampled RGB frames to pixel values: one resize for all, normalise, pad to pairs, patchify."""
-    h0, w0 = frames[0].shape[:2]
+            frame_pixels: int | None = None, source_size: tuple | None = None) -> PreparedVideo:
+    """Sampled RGB frames to pixel values: one size for all, normalise, pad to pairs, patchify.
+    `source_size`: the (height, width) as decoded when the frames were already resized as read."""
+    h0, w0 = source_size or frames[0].shape[:2]
     h, w = target_size(len(frames), h0, w0, spec, frame_pixels)
     clip = np.stack(frames)
+    del frames
     if clip.shape[2] != w:
         clip = _resample_axis(clip, w, axis=2)
     if clip.shape[1] != h:
         clip = _resample_axis(clip, h, axis=1)
     if pad := -len(clip) % spec.temporal_patch_size:
         clip = np.concatenate([clip, np.repeat(clip[-1:], pad, axis=0)])
-    mean = np.asarray(spec.image_mean, dtype=np.float32)
-    std = np.asarray(spec.image_std, dtype=np.float32)
-    normalised = (clip.astype(np.float32) * np.float32(1 / 255) - mean) / std
-    pixel_values, grid = patchify(normalised, spec)
+    tp, p = spec.temporal_patch_size, spec.patch_size
+    grid = (len(clip) // tp, h // p, w // p)
     digest = hashlib.blake2b(clip.tobytes(), digest_size=16, person=f"v{len(clip)}x{h}x{w}".encode()[:16]).hexdigest()
-    return PreparedVideo(pixel_values=pixel_values, grid_thw=grid, size=(h, w), source_size=(h0, w0),
+    return PreparedVideo(clip=clip, spec=spec, grid_thw=grid, size=(h, w), source_size=(h0, w0),
                          timestamps=timestamps(indices, header.fps, spec.temporal_patch_size),
                          frame_indices=[int(i) for i in indices], video_fps=header.fps,
                          duration_s=header.duration_s, digest=digest)
