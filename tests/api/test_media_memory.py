@@ -5,7 +5,7 @@ Admission comes before any decode: with every slot taken, a request's image is n
 a clip of 64 sampled frames, both at `VL_MAX_IMAGE_PIXELS`, small on disk) grow the worker by a
 bounded amount, measured as the kernel's peak resident size of the worker process (`VmHWM`, reset
 through /proc/PID/clear_refs before each case). The bounds are generous (about 1.5x what was
-measured, README "Memory per request"); the code before this change needed several GiB for them.
+measured, docs/operations.md "Memory per request"); the code before this change needed several GiB for them.
 """
 
 from __future__ import annotations

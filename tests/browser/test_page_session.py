@@ -1,6 +1,6 @@
 """The page's session id: one per conversation, sent with every request of it, so a load balancer
 in front of several replicas keeps the conversation (and its KV cache) on one replica; the
-server echoes it and names itself (README, Scaling out)."""
+server echoes it and names itself (docs/operations.md, Scaling out)."""
 
 from __future__ import annotations
 

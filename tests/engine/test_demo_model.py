@@ -12,7 +12,7 @@ import pytest
 
 from conftest import data_url, image_message, png_bytes
 
-# Held-out set size for the suite (the README's table uses `eval-demo --n 500`).
+# Held-out set size for the suite (docs/demo-model.md's table uses `eval-demo --n 500`).
 N_HELD_OUT = 160
 
 
@@ -28,7 +28,7 @@ def evaluation(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def readme_evaluation(tmp_path_factory):
-    """The README table's held-out set (n=500, the report seed), PyTorch vision path only (about 30 s)."""
+    """docs/demo-model.md's held-out set (n=500, the report seed), PyTorch vision path only (about 30 s)."""
     from vlservice.demo.evaluate import REPORT_SEED, run
     from vlservice.engine.checkpoints import bundled_demo_path
 
@@ -41,13 +41,13 @@ def test_demo_model_sees_and_every_vision_path_agrees(evaluation):
     acc = evaluation["accuracy"]
     print(json.dumps(acc, indent=1))
     torch_acc = acc["torch"]
-    # about ten points under the README's n=500 numbers: a worse model or a broken path fails here
+    # about ten points under the n=500 numbers (docs/demo-model.md): a worse model or a broken path fails here
     floors = {"describe": 0.8, "color": 0.85, "count": 0.9, "position": 0.9, "ocr": 0.75, "ocr_short": 0.65}
     for task, floor in floors.items():
         assert torch_acc[task] >= floor, (task, torch_acc[task])
     assert evaluation["fp32_equals_torch"] == 1.0  # onnx-fp32 gives PyTorch's answer on every image
     for task, value in torch_acc.items():
-        # at most 2 points lost (the README's table, n=500); on this smaller set one answer per task
+        # at most 2 points lost (as on docs/demo-model.md's n=500); on this smaller set one answer per task
         n = evaluation["counts"].get(task, N_HELD_OUT)
         assert acc["onnx-int8"][task] >= value - max(0.02, 1 / n) - 1e-9, (task, value, acc["onnx-int8"][task])
         assert acc["onnx-int8+cache"][task] == acc["onnx-int8"][task]  # the cache changes nothing
@@ -55,8 +55,7 @@ def test_demo_model_sees_and_every_vision_path_agrees(evaluation):
 
 @pytest.mark.slow
 def test_accuracy_targets(readme_evaluation):
-    # all met on the report seed (README: describe 93.6%, colour 92.2%, count 98.5%, position 98.5%,
-    # text of up to six characters 80.0%, exactly its target)
+    # the targets docs/demo-model.md states for the report seed ("Measuring it")
     torch_acc = readme_evaluation["accuracy"]["torch"]
     for task in ("color", "count", "position", "describe"):  # colour, shape and count questions
         assert torch_acc[task] >= 0.90, (task, torch_acc[task])
@@ -146,7 +145,7 @@ def test_a_clip_through_the_server(server, question, expected):
 @pytest.mark.slow
 def test_video_accuracy_on_held_out_clips(tmp_path):
     """Issue 16.6: the report seed's first held-out clips of both sets (phrasings the training never
-    saw, and the presets), through the service's video path. The README's n=125 per set: 94%+."""
+    saw, and the presets), through the service's video path. eval-demo's n=125 per set does the same on more clips."""
     from vlservice.demo.evaluate import REPORT_SEED, run
     from vlservice.engine.checkpoints import bundled_demo_path
 

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-N_REPORT = 500  # the README table's `eval-demo --n 500`
+N_REPORT = 500  # docs/demo-model.md's `eval-demo --n 500`
 STEPS_PER_RUN = 100  # a prefix of each recorded run: 7 runs x 100 steps x 16 images and clips
 
 
@@ -39,7 +39,7 @@ def test_report_seed_is_no_training_or_development_seed():
     from vlservice.demo.train import corpus_texts
 
     runs = recorded_runs()
-    assert [r["seed"] for r in runs] == [0, 1, 2, 3, 4, 8, 9]  # the README's recipe
+    assert [r["seed"] for r in runs] == [0, 1, 2, 3, 4, 8, 9]  # docs/demo-model.md's recipe
     assert REPORT_SEED != DEV_SEED and set(HELD_OUT_SEEDS) == {DEV_SEED, REPORT_SEED}
     assert not set(HELD_OUT_SEEDS) & {r["seed"] for r in runs}
     assert corpus_texts.__defaults__[0] not in HELD_OUT_SEEDS  # the tokenizer's texts

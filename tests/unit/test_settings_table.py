@@ -1,5 +1,5 @@
 """Every setting is read in one place and documented in one table: each `Settings` field is a
-`VL_<NAME>` row of the README's Settings table (and each row a field), and no module but
+`VL_<NAME>` row of the Settings table in docs/operations.md (and each row a field), and no module but
 vlservice/config.py reads a `VL_*` variable from the environment (setting one for a child process
 is fine)."""
 
@@ -21,10 +21,10 @@ READS = re.compile(
 )
 
 
-def readme_settings() -> list[str]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def documented_settings() -> list[str]:
+    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
     section = re.search(r"^## Settings\n(.*?)^## ", text, re.S | re.M)
-    assert section, "README has no '## Settings' section"
+    assert section, "docs/operations.md has no '## Settings' section"
     return re.findall(r"^\| `(VL_\w+)` \|", section.group(1), re.M)
 
 
@@ -33,11 +33,11 @@ def source_files() -> list:
     return files + [ROOT / name for name in ("app.py", "wsgi.py", "gunicorn.conf.py")]
 
 
-def test_every_setting_is_a_row_of_the_readme_table_and_every_row_a_setting():
-    rows = readme_settings()
+def test_every_setting_is_a_row_of_the_settings_table_and_every_row_a_setting():
+    rows = documented_settings()
     names = {"VL_" + f.name.upper() for f in fields(Settings)}
-    assert sorted(names - set(rows)) == [], "settings missing from the README's Settings table"
-    assert sorted(set(rows) - names) == [], "README rows that are no setting"
+    assert sorted(names - set(rows)) == [], "settings missing from the Settings table in docs/operations.md"
+    assert sorted(set(rows) - names) == [], "Settings table rows that are no setting"
     assert len(rows) == len(set(rows)), "a variable listed twice"
 
 
