@@ -92,6 +92,24 @@ def test_environment_is_settings_that_parse_and_threads_match_the_cpu_limit():
     assert grace > settings.graceful_timeout + c["lifecycle"]["preStop"]["sleep"]["seconds"]
 
 
+def test_memory_comes_from_the_measured_pod_and_the_caches_budgets():
+    """The request covers the working set `memory --pod` measured for the float32 worker the
+    deployment runs; the limit covers its anonymous peak plus the caches' full budgets."""
+    import json
+
+    c = container()
+    settings = Settings.from_env({e["name"]: e.get("value", "") for e in c["env"] if "value" in e})
+    assert settings.llm_quant in ("", None, "float32")
+    pod = json.loads((ROOT / "docs" / "bench" / "pod-memory-float32.json").read_text())
+    assert pod["llm"] == "float32" and pod["loaded"] and pod["answered"] == pod["asked"] and not pod["oom_kills"]
+    assert pod["cpu"]["model"] and pod["date"] and "--pod" in pod["command"]
+    working_set = max(p["working_set_mib"] for p in pod["phases"].values())
+    anon = max(p["anon_mib"] for p in pod["phases"].values())
+    request, limit = (nginx_size(c["resources"][k]["memory"].rstrip("i").lower()) >> 20 for k in ("requests", "limits"))
+    assert request >= working_set
+    assert limit >= anon + settings.feature_cache_mb + settings.kv_cache_mb
+
+
 def test_pods_run_as_non_root_and_are_selected_by_service_pdb_and_hpa():
     d = docs()
     pod = d[("Deployment", "vlservice")]["spec"]["template"]

@@ -845,7 +845,11 @@ class Soak:
             reasons.append("no request was sent")
         stats_keys = ("pid", "rss_bytes", "queue_depth", "busy", "cache", "kv_cache", "result_cache", "shared_cache",
                       "counters", "encoder_calls")
+        from .concurrency import cpu_info
+
         return {
+            # the machine the clients and (with --serve) the server ran on, and the command
+            "cpu": cpu_info(0), "command": "python -m vlservice soak " + " ".join(sys.argv[1:]),
             "url": self.url, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
             "duration_s": round(elapsed, 1), "concurrency": self.concurrency, "max_tokens": self.max_tokens,
             "model": config.get("model"), "max_tokens_cap": self.cap,
