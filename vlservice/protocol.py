@@ -289,7 +289,8 @@ class JsonSchemaFormat(_Format):
 
 
 RESPONSE_FORMATS = {"text": "Text", "json_object": "JsonObject", "json_schema": "JsonSchema"}
-ResponseFormat = _tagged(lambda v: RESPONSE_FORMATS.get(v.get("type")) if isinstance(v, dict) else None,
+ResponseFormat = _tagged(lambda v: RESPONSE_FORMATS.get(v["type"]) if isinstance(v, dict) and isinstance(v.get("type"), str)
+                         else None,
                          "response_format_type", ("Text", TextFormat), ("JsonObject", JsonObjectFormat),
                          ("JsonSchema", JsonSchemaFormat))
 

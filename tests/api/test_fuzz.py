@@ -37,6 +37,7 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, settings  # noqa: E402  (schemathesis depends on hypothesis)
 
 from conftest import ROOT, data_url, make_clip, png_bytes, scene  # noqa: E402
+from vlservice.config import Settings  # noqa: E402
 
 server_test = pytest.mark.server  # conftest adds `slow` to every `server` test; both are explicit here
 slow = pytest.mark.slow
@@ -46,6 +47,8 @@ FUZZ_MAX_TOKENS = 8
 CHAT = "/v1/chat/completions"
 IMAGE = data_url(png_bytes(scene(32, 48, seed=3)))
 LIMITS: dict = {}  # the running server's, read by `api_schema`
+DEFAULT_SETTINGS = Settings()  # the test server runs with the default media budgets
+FLOOR_PIXELS = 1  # a min_pixels at or below every item's resolved budget
 CLIP: list = []  # a real clip's data URL, made once by `api_schema`
 
 
@@ -93,10 +96,56 @@ def fit(case) -> None:
     limit = body.get("max_completion_tokens") or body.get("max_tokens") or LIMITS["default"]
     if _is_int(body.get("min_tokens")) and _is_int(limit) and limit < body["min_tokens"] <= LIMITS["cap"]:
         body["min_tokens"] = limit
+    if _is_int(body.get("top_logprobs")) and 0 < body["top_logprobs"] <= 20 and body.get("logprobs") is not True:
+        body["logprobs"] = True  # top_logprobs needs logprobs (OpenAI's rule; the schema cannot say it)
     images = videos = 0
+
+    def fit_frames(where) -> None:
+        """The server's frame limit and min <= max: limits of the running server the schema does not carry."""
+        if not isinstance(where, dict):
+            return
+        if _is_int(where.get("max_frames")) and where["max_frames"] > LIMITS["max_frames"]:
+            where["max_frames"] = LIMITS["max_frames"]
+        most = where["max_frames"] if _is_int(where.get("max_frames")) and where["max_frames"] >= 4 else LIMITS["max_frames"]
+        if _is_int(where.get("min_frames")) and most < where["min_frames"]:
+            where["min_frames"] = most
+
+    def fit_pixels(where) -> None:
+        """Pixel budgets within the server's (an image's and a video frame's; the schema carries no cap)
+        and a floor under them."""
+        if not isinstance(where, dict):
+            return
+        cap = min(DEFAULT_SETTINGS.detail_high_pixels, DEFAULT_SETTINGS.video_detail_high_pixels)
+        if _is_int(where.get("max_pixels")) and where["max_pixels"] > cap:
+            where["max_pixels"] = cap
+        if _is_int(where.get("min_pixels")) and where["min_pixels"] > FLOOR_PIXELS:
+            where["min_pixels"] = FLOOR_PIXELS
+
+    fit_pixels(body.get("mm_processor_kwargs"))
     for message in body.get("messages") if isinstance(body.get("messages"), list) else []:
         parts = message.get("content") if isinstance(message, dict) else None
         for i, part in enumerate(parts if isinstance(parts, list) else []):
+            if isinstance(part, dict):
+                fit_pixels(part)
+                fit_pixels(part.get(part.get("type")) if isinstance(part.get("type"), str) else None)
+            if isinstance(part, dict) and part.get("type") in ("input_video", "video_url"):
+                fit_frames(part)
+                fit_frames(part.get(part["type"]))
+            if isinstance(part, dict) and part.get("type") == "input_video":
+                videos += 1  # llama.cpp's spelling of a video part: the same limit; its data a real clip
+                spec = part.get("input_video")
+                if videos > LIMITS["max_videos"]:
+                    parts[i] = {"type": "text", "text": ""}
+                elif isinstance(spec, str):
+                    part["input_video"] = CLIP[0].split(",", 1)[1]
+                elif isinstance(spec, dict):
+                    if spec.get("data") is None and spec.get("url") is None:
+                        spec["url"] = CLIP[0]  # the schema allows neither; the server needs one
+                    if isinstance(spec.get("data"), str):
+                        spec["data"] = CLIP[0].split(",", 1)[1]
+                    if isinstance(spec.get("url"), str):
+                        spec["url"] = CLIP[0]
+                continue
             if isinstance(part, dict) and part.get("type") == "video_url" and isinstance(part.get("video_url"), dict):
                 videos += 1
                 spec = part["video_url"]

@@ -95,6 +95,8 @@ REFUSED = [
     ("tools", {"messages": HI, "tools": [{"type": "function"}]}, "unsupported_parameter", "tools", []),
     ("unknown response_format", {"messages": HI, "response_format": {"type": "xml"}}, "invalid_value",
      "response_format.type", ['"json_schema"', "'xml'"]),
+    ("a response_format type that is not a string", {"messages": HI, "response_format": {"type": {}, "json_schema": {
+        "name": "0"}}}, "invalid_value", "response_format.type", ['"json_object"']),
     ("json_schema without its object", {"messages": HI, "response_format": {"type": "json_schema"}}, "invalid_type",
      "response_format.json_schema", ["required"]),
     ("an invalid schema", {"messages": HI, "response_format": {"type": "json_schema", "json_schema": {
