@@ -1,4 +1,4 @@
-"""The one API contract (vlservice/protocol.py), without a server: what `parse_chat` accepts and
+"""The one API contract (vlservice/protocol/), without a server: what `parse_chat` accepts and
 refuses (status, code, param, and a message naming the field, the bound and the value), and that
 the OpenAPI document generated from the same models agrees with it, request by request."""
 

@@ -1,5 +1,5 @@
-"""Structured output (`response_format` json_object / json_schema): grammar-constrained decoding
-with llguidance.
+"""Structured output (`response_format` json_object / json_schema) and forced tool calls
+(`tool_choice` "required" or a named function): grammar-constrained decoding with llguidance.
 
 The protocol layer turns a request's schema into a grammar (`grammar_for`, checked there so a bad
 schema is a 400 naming it); the engine gives each constrained sequence its own `Constraint`, a
@@ -25,6 +25,7 @@ first call took seconds here; the mask is applied with numpy's `unpackbits` inst
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from functools import lru_cache
@@ -57,6 +58,28 @@ def _grammar(kind: str, schema_json: str) -> str:
     return grammar
 
 
+@lru_cache(maxsize=CACHE_GRAMMARS)
+def _lark(text: str) -> str:
+    import llguidance
+
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_lark(text)
+    except (ValueError, TypeError) as exc:
+        raise GrammarError(str(exc)) from None
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    if is_error:
+        raise GrammarError(messages[0] if messages else "the grammar cannot be compiled")
+    return grammar
+
+
+def tool_grammar(functions: list[tuple[str, dict | None]], parallel: bool = True) -> str:
+    """The grammar of an answer that is only calls of `functions` (`toolcalls.grammar`); raises
+    `GrammarError` when a function's parameters schema cannot be compiled."""
+    from .toolcalls import grammar
+
+    return _lark(grammar(functions, parallel))
+
+
 def grammar_for(kind: str, schema: dict | None = None) -> str:
     """The grammar of a `json_object` (any JSON object) or of a `json_schema` request; raises
     `GrammarError` with llguidance's reason for a schema it cannot compile."""
@@ -64,9 +87,10 @@ def grammar_for(kind: str, schema: dict | None = None) -> str:
 
 
 def _message(text: str) -> str:
-    """llguidance's reason without its internal layers (the first line says what is wrong)."""
+    """llguidance's reason without its internal layers (the first line says what is wrong; a
+    Lark grammar's position prefix is dropped)."""
     line = text.strip().splitlines()[0] if text.strip() else "the schema cannot be compiled"
-    return line[:300]
+    return re.sub(r"^at \d+\(\d+\): ", "", line)[:300]
 
 
 def explain(exc: GrammarError) -> str:

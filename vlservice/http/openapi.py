@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 description of the public API, served at `GET /openapi.json`.
 
 Generated: the chat request and every answer of the OpenAI routes come from the pydantic models
-in `vlservice/protocol.py` (the ones `parse_chat` validates with), with the bounds of the running
+in `vlservice/protocol/` (the ones `parse_chat` validates with), with the bounds of the running
 app's `Settings`; the operational routes' answers are the small models below. Written by hand:
 only the paths, the server-sent event framing and the error responses.
 `tests/api/test_fuzz.py` fuzzes the real server from this document (schema-valid requests must be

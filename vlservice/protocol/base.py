@@ -1,0 +1,48 @@
+"""What every request model shares: strict JSON types, tagged unions, the server-wide constants."""
+
+import re
+from typing import Annotated, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Tag
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+DETAILS = ("low", "auto", "high")
+MEDIA_TYPES = {"image/png": "png", "image/jpeg": "jpeg", "image/jpg": "jpeg", "image/webp": "webp",
+               "image/bmp": "bmp", "image/x-ms-bmp": "bmp", "image/gif": "gif"}
+VIDEO_TYPES = {"video/mp4": "mp4", "video/quicktime": "mp4", "video/webm": "webm", "video/x-matroska": "webm",
+               "video/avi": "avi", "video/x-msvideo": "avi"}
+MAX_STOP = 4
+MAX_DEPTH = 32  # JSON nesting of a request body; a chat request needs 6
+MAX_STOP_CHARS = 64
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound
+INTEGERS = ("max_tokens", "max_completion_tokens", "min_tokens", "top_k", "seed", "n", "top_logprobs")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON's decoder joins valid pairs, so any left is lone
+_DATA_URL = re.compile(r"^data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[^;,]*)*)(?P<b64>;base64)?,",
+                       re.IGNORECASE)
+
+
+
+class _In(BaseModel):
+    """A request object: JSON types exactly (no "5" for 5, no true for 1), unknown fields ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False,
+                              json_schema_extra={"additionalProperties": True})
+
+
+def _tagged(choose, error: str, *choices):
+    """A union that picks its member by looking at the value (`choose` returns a tag or None), so a
+    bad value gets one error, from the member it was meant to be, with its path (`error` otherwise)."""
+    return Annotated[Union[tuple(Annotated[t, Tag(tag)] for tag, t in choices)],
+                     Discriminator(choose, custom_error_type=error, custom_error_message=error)]
+
+
+
+def _integral_float(v):
+    """JSON Schema counts 61.0 as an integer, so the validator does too (61.5 stays refused)."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+
+def _first(*named):
+    """The first (name, value) whose value is set, else (None, None): the precedence of options."""
+    return next(((n, v) for n, v in named if v is not None), (None, None))

@@ -1,0 +1,94 @@
+"""The request body to the engine's `ChatRequest`: JSON, the tree's limits, the request model."""
+
+import json
+
+from pydantic import ValidationError
+
+from ..config import Settings
+from ..engine.types import ChatRequest, Message, Sampling
+from ..errors import InvalidRequest
+from .base import _SURROGATE, MAX_DEPTH, ROLES
+from .errors import _explain, _param
+from .media import _parts
+from .request import StreamOptions, grammar_of, request_model
+
+
+def load_body(raw: bytes):
+    """The request body's JSON. A parser error is the client's (400), never the server's: the
+    decoder recurses once per level, so a body nested some thousand levels deep raises
+    `RecursionError`, which is no `ValueError` and escaped as a 500 before."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise InvalidRequest(f"the request body is nested more than {MAX_DEPTH} levels deep",
+                             code="invalid_json") from None
+    except ValueError:  # UnicodeDecodeError included
+        raise InvalidRequest("the request body must be valid JSON (Content-Type: application/json)",
+                             code="invalid_json") from None
+
+
+def check_tree(body) -> None:
+    """Refuses, once for the whole body and before any field is read, what no later step can
+    handle: nesting deeper than `MAX_DEPTH` (validators and walkers recurse) and strings with a
+    lone UTF-16 surrogate (JSON's `"\\ud800"` decodes to one; it cannot be encoded as UTF-8, so the
+    tokenizer, the session hash and the answer's JSON would fail on it). Unknown fields too: the
+    body as a whole must be text this server can encode."""
+    stack = [(body, (), 0)]
+    while stack:
+        value, loc, depth = stack.pop()
+        if isinstance(value, str) and _SURROGATE.search(value):
+            raise _surrogate(loc, "")
+        if isinstance(value, (dict, list)):
+            if depth >= MAX_DEPTH:
+                raise InvalidRequest(f"the request body is nested more than {MAX_DEPTH} levels deep (at "
+                                     f"`{_param(loc, tags=False)}`)", code="invalid_json")
+            if isinstance(value, dict) and any(_SURROGATE.search(k) for k in value):
+                raise _surrogate(loc, "a key of ")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            stack.extend(reversed([(v, (*loc, k), depth + 1) for k, v in items]))  # the first fault is named
+
+
+def _surrogate(loc, where: str) -> InvalidRequest:
+    """The refusal of a lone surrogate at `loc`, naming the field (for a key, the object holding it)
+    and never echoing the string (it could not be written in the answer either)."""
+    p = _param(loc, tags=False)
+    return InvalidRequest(f"{where}`{p or 'the request body'}` holds a lone UTF-16 surrogate (a \\ud800-\\udfff "
+                          "escape without its pair): text must be valid Unicode", param=p or None,
+                          code="invalid_value")
+
+
+def parse_chat(body, settings: Settings, defaults: dict | None = None, fetch_remote=None) -> tuple[ChatRequest, dict]:
+    """(request, options) where options has `stream`, `include_usage`, `include_stages`, `model`.
+
+    `defaults`: the model's generation config (temperature, top_p, top_k, repetition_penalty) for
+    what the request leaves unset; `fetch_remote(url, param) -> bytes`, or None to refuse http(s)."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object", param=None, code="invalid_json")
+    check_tree(body)
+    model = request_model(settings)
+    try:
+        r = model.model_validate(body)
+    except ValidationError as exc:
+        message, param, code = _explain(exc.errors(include_url=False)[0], model)
+        raise InvalidRequest(message, param=param or None, code=code) from None
+    defaults = defaults or {}
+
+    def pick(value, name, fallback):
+        return value if value is not None else defaults.get(name, fallback)
+
+    max_tokens = r.max_completion_tokens or r.max_tokens or settings.default_max_tokens
+    stop = [r.stop] if isinstance(r.stop, str) else (r.stop or [])
+    sampling = Sampling(
+        max_tokens=max_tokens, min_tokens=r.min_tokens or 0, temperature=float(pick(r.temperature, "temperature", 0.0)),
+        top_p=float(pick(r.top_p, "top_p", 1.0)), top_k=int(pick(r.top_k, "top_k", 0)),
+        repetition_penalty=float(pick(r.repetition_penalty, "repetition_penalty", 1.0)),
+        frequency_penalty=r.frequency_penalty or 0.0, presence_penalty=r.presence_penalty or 0.0, seed=r.seed,
+        stop=tuple(s for s in stop if s), logprobs=(r.top_logprobs or 0) if r.logprobs else None,
+        grammar=grammar_of(r.response_format))
+    messages = [Message(ROLES[m.role], _parts(m.content, f"messages[{i}]", settings, fetch_remote,
+                                              r.mm_processor_kwargs))
+                for i, m in enumerate(r.messages)]
+    so = r.stream_options or StreamOptions()
+    request = ChatRequest(messages=messages, sampling=sampling, result_cache=r.result_cache)
+    return request, {"stream": r.stream, "include_usage": so.include_usage, "include_stages": so.include_stages,
+                     "model": r.model}
