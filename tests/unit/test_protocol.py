@@ -92,7 +92,9 @@ REFUSED = [
     ("top_logprobs over 20", {"messages": HI, "logprobs": True, "top_logprobs": 21}, "invalid_value", "top_logprobs",
      ["between 0 and 20", "21"]),
     ("logprobs not a boolean", {"messages": HI, "logprobs": 1}, "invalid_type", "logprobs", ["a boolean"]),
-    ("tools", {"messages": HI, "tools": [{"type": "function"}]}, "unsupported_parameter", "tools", []),
+    ("a tool without its function", {"messages": HI, "tools": [{"type": "function"}]}, "invalid_type",
+     "tools[0].function", ["required"]),
+    ("functions (deprecated)", {"messages": HI, "functions": [{"name": "f"}]}, "unsupported_parameter", "functions", []),
     ("unknown response_format", {"messages": HI, "response_format": {"type": "xml"}}, "invalid_value",
      "response_format.type", ['"json_schema"', "'xml'"]),
     ("a response_format type that is not a string", {"messages": HI, "response_format": {"type": {}, "json_schema": {
@@ -161,7 +163,8 @@ def test_a_full_request_becomes_the_engines_request():
         9, 2, 0.5, 0.9, 20, -3, ("END",))
     assert (s.frequency_penalty, s.presence_penalty) == (0.5, -1.0)
     assert parse_chat({"messages": HI, "max_tokens": 5.0, "seed": 7.0}, SETTINGS)[0].sampling.max_tokens == 5
-    assert opts == {"stream": True, "include_usage": True, "include_stages": False, "model": "qwen3-vl"}
+    assert opts == {"stream": True, "include_usage": True, "include_stages": False, "model": "qwen3-vl",
+                    "tools": False}
 
 
 def test_unset_sampling_comes_from_the_model_then_the_server():
@@ -260,7 +263,7 @@ def schema_validator(settings=SETTINGS):
 # (the bytes of an image, a count across messages, min_tokens over max_tokens).
 AGREE = [
     {"messages": HI}, {"messages": HI, "n": 1}, {"messages": HI, "n": None}, {"messages": HI, "logprobs": 0},
-    {"messages": HI, "tools": {}}, {"messages": HI, "audio": ""}, {"messages": HI, "stop": ["", "x"]},
+    {"messages": HI, "tools": []}, {"messages": HI, "audio": ""}, {"messages": HI, "stop": ["", "x"]},
     {"messages": HI, "response_format": None}, {"messages": [{"role": "assistant", "content": None}] + HI},
     {"messages": user(IMG, {"type": "text", "text": "x", "extra": 1})}, {"messages": HI, "top_p": 1e-300},
     {"messages": HI, "temperature": 2, "seed": -(2**63)}, {"messages": HI, "stream_options": None},

@@ -54,23 +54,32 @@ class Prompt:
         return spans
 
 
-def render_chat(tokenizer, messages: list[dict]) -> str:
+def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> str:
     """The chat template's text, with one `<|image_pad|>` per image and one `<|video_pad|>` per video
-    (as the processor expects)."""
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    (as the processor expects), and the tools where the template lists them."""
+    return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True)
 
 
 def build_prompt(tokenizer, messages: list[dict], image_tokens: list[int], image_grids: list,
-                 videos: tuple | list = ()) -> Prompt:
+                 videos: tuple | list = (), tools: list[dict] | None = None) -> Prompt:
     """Expand each image placeholder to its number of tokens and each video placeholder to its
     text (`videos`: (placeholder text, grid) per video, see `video.placeholder`), then tokenize.
 
     The template is rendered with every client text replaced by a slot (`_hide`), so only the
     template's own markers become control tokens and only its media slots are counted; the texts
     are spliced back in as text (`encode`): a typed `<|im_start|>` or `<|image_pad|>` is text to the
-    model, as in OpenAI's API, and can neither forge a turn nor claim an image's place."""
+    model, as in OpenAI's API, and can neither forge a turn nor claim an image's place. Tools and
+    tool calls are client text too: a tool's JSON (which the template writes with `tojson`) and a
+    call's name and arguments go in as slots the same way."""
     texts: list[str] = []
-    runs = _SLOT.split(render_chat(tokenizer, _hide(messages, texts)))  # template, slot index, template, ...
+    hidden = _hide(messages, texts)
+    # a tool stands in the template as a dict naming its slot, which `tojson` writes as JSON
+    slots = [_slot(texts, json.dumps(t, ensure_ascii=False)) for t in tools or []]
+    stand_ins = [{"type": "function", "function": {"name": slot}} for slot in slots]
+    rendered = render_chat(tokenizer, hidden, stand_ins or None)
+    for slot, t in zip(slots, stand_ins):
+        rendered = rendered.replace(json.dumps(t, ensure_ascii=False), slot)
+    runs = _SLOT.split(rendered)  # template, slot index, template, ...
     kinds = ["image" if p == IMAGE_PAD else "video" for run in runs[0::2] for p in _MEDIA.findall(run)]
     if kinds.count("image") != len(image_tokens) or kinds.count("video") != len(videos):
         raise ValueError(f"the chat template produced {kinds.count('image')} image and {kinds.count('video')} "
@@ -91,13 +100,18 @@ _SLOT = re.compile("\x00([0-9]+)\x00")
 _MEDIA = re.compile(f"{re.escape(IMAGE_PAD)}|{re.escape(VIDEO_PAD)}")
 
 
+def _slot(texts: list[str], text: str) -> str:
+    texts.append(text)
+    return f"\x00{len(texts) - 1}\x00"
+
+
 def _hide(messages: list[dict], texts: list[str]) -> list[dict]:
-    """`messages` with each text (a string content or a text part's `text`) moved to `texts` and
-    replaced by its slot: the template then cannot see, split or match on what a client wrote."""
+    """`messages` with each text (a string content, a text part's `text`, a tool call's name and
+    arguments) moved to `texts` and replaced by its slot: the template then cannot see, split or
+    match on what a client wrote. An empty text stays empty (the template tests it as false)."""
 
     def slot(text: str) -> str:
-        texts.append(text)
-        return f"\x00{len(texts) - 1}\x00"
+        return _slot(texts, text) if text else text
 
     def parts(content):
         if isinstance(content, str):
@@ -106,7 +120,14 @@ def _hide(messages: list[dict], texts: list[str]) -> list[dict]:
             return [{**p, "text": slot(p["text"])} if isinstance(p.get("text"), str) else p for p in content]
         return content
 
-    return [{**m, "content": parts(m.get("content"))} for m in messages]
+    def calls(m: dict) -> dict:
+        if not m.get("tool_calls"):
+            return {}
+        return {"tool_calls": [{**c, "function": {"name": slot(c["function"]["name"]),
+                                                  "arguments": slot(c["function"]["arguments"])}}
+                               for c in m["tool_calls"]]}
+
+    return [{**m, "content": parts(m.get("content")), **calls(m)} for m in messages]
 
 
 @dataclass(frozen=True)

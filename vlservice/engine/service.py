@@ -320,7 +320,7 @@ class VLModelService:
             prepared.append(p)
             budgets.append(budget)
             keys.append(feature_key(p.digest, p.grid_thw, budget, self.model_fp, self.encoder.name))
-        prompt = self._prompt(request.messages, prepared)
+        prompt = self._prompt(request.messages, prepared, request.tools)
         if len(prompt) + s.max_tokens > self.settings.max_context_tokens:
             raise ContextLengthExceeded(
                 f"this request needs {len(prompt)} prompt tokens (including "
@@ -380,11 +380,12 @@ class VLModelService:
     def retry_after(self) -> int:
         return max(1, int(round(self.last_timings.get("total_ms", 5000) / 1000)))
 
-    def _prompt(self, messages: list, prepared: list):
+    def _prompt(self, messages: list, prepared: list, tools: list | None = None):
         chat, it = [], iter(prepared)
         for m in messages:
+            calls = {"tool_calls": [{"type": "function", "function": c} for c in m.tool_calls]} if m.tool_calls else {}
             if all(isinstance(p, str) for p in m.parts):
-                chat.append({"role": m.role, "content": "".join(m.parts)})
+                chat.append({"role": m.role, "content": "".join(m.parts), **calls})
                 continue
             content = []
             for p in m.parts:
@@ -393,11 +394,11 @@ class VLModelService:
                     content.append({"type": "image" if isinstance(p, ImageInput) else "video"})
                 else:
                     content.append({"type": "text", "text": p})
-            chat.append({"role": m.role, "content": content})
+            chat.append({"role": m.role, "content": content, **calls})
         images = [p for p in prepared if not isinstance(p, vid.PreparedVideo)]
         videos = [(vid.placeholder(p), p.grid_thw) for p in prepared if isinstance(p, vid.PreparedVideo)]
         return build_prompt(self.tokenizer, chat, [p.num_tokens for p in images], [p.grid_thw for p in images],
-                            videos)
+                            videos, tools=tools or None)
 
     # ----------------------------------------------------------------- called by the scheduler
     def features(self, gen: Generation, timings: dict, needed: list) -> list:

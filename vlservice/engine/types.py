@@ -56,8 +56,9 @@ class VideoInput:
 
 @dataclass
 class Message:
-    role: str  # system | user | assistant
+    role: str  # system | user | assistant | tool
     parts: list  # str (text), ImageInput or VideoInput, in order
+    tool_calls: list = field(default_factory=list)  # an assistant turn's calls: {"name", "arguments" (JSON text)}
 
 
 @dataclass
@@ -66,6 +67,7 @@ class ChatRequest:
     sampling: Sampling = field(default_factory=Sampling)
     priority: str = "default"
     result_cache: bool = True  # an identical greedy request may be answered from the result cache
+    tools: list = field(default_factory=list)  # OpenAI's tool objects, rendered by the chat template
     id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex[:24])
 
     @property

@@ -14,7 +14,11 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..engine.grounding import GroundingParser, grounding, parse
 from ..errors import InvalidRequest, NotFound
+from ..engine.toolcalls import CallStream, split_calls
 from ..protocol import load_body, parse_chat
+from ..protocol.answers import (AssistantReply, ChatCompletion, ChatCompletionCancel, ChatCompletionChunk, Choice,
+                                ChoiceLogprobs, ChunkChoice, Delta, Grounding, Model, ModelList, ToolCall,
+                                ToolCallDelta, answer)
 from .context import current
 from .disconnect import cancel_on_disconnect, watch_stream
 from .session import session_key
@@ -34,14 +38,14 @@ def models():
              "max_context_length": ctx.settings.max_context_tokens, "demo": svc.is_demo}
     if svc.is_demo:
         entry["notice"] = svc.info()["demo_notice"]["en"]
-    return {"object": "list", "data": [entry]}
+    return _json(ModelList(object="list", data=[Model.model_validate(entry)]))
 
 
 @bp.post("/v1/chat/completions/<request_id>/cancel")
 def cancel(request_id: str):
     if not current().service.cancel(request_id):
         raise NotFound(f"no running request with id {request_id!r}", param="id")
-    return {"id": request_id, "object": "chat.completion.cancel", "cancelled": True}
+    return _json(ChatCompletionCancel(id=request_id, object="chat.completion.cancel", cancelled=True))
 
 
 @bp.after_app_request
@@ -74,7 +78,7 @@ def chat_completions():
     model = ctx.service.model_name
     headers = {"X-Request-Id": gen.id, "X-Queue-Position": str(gen.work["queue_position"])}
     if opts["stream"]:
-        sse = _sse(gen, model, opts["include_usage"], record, t0, opts["include_stages"])
+        sse = _sse(gen, model, opts["include_usage"], record, t0, opts["include_stages"], opts["tools"])
         response = Response(watch_stream(gen, request.environ, sse),
                             mimetype="text/event-stream",
                             headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -82,17 +86,36 @@ def chat_completions():
         return response
     with cancel_on_disconnect(gen, request.environ):
         result = record.result = gen.result()
-    body = {
-        "id": gen.id, "object": "chat.completion", "created": gen.created, "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": result["text"]},
-                     "finish_reason": result["finish_reason"],
-                     "logprobs": _logprobs(result.get("logprobs"))}],
-        "usage": result["usage"], "timings": result["timings"], "system_fingerprint": ctx.service.model_fp,
-    }
+    message, called = _reply(result["text"], opts["tools"])
+    body = ChatCompletion(
+        id=gen.id, object="chat.completion", created=gen.created, model=model,
+        choices=[Choice(index=0, message=message, finish_reason=_finish(result["finish_reason"], called),
+                        logprobs=_logprobs(result.get("logprobs")))],
+        usage=result["usage"], timings=result["timings"], system_fingerprint=ctx.service.model_fp)
     boxes = grounding(parse(result["text"]), gen.image_sizes)
     if boxes:
-        body["grounding"] = boxes
-    return Response(json.dumps(body, ensure_ascii=False), mimetype="application/json", headers=headers)
+        body.grounding = Grounding.model_validate(boxes)
+    return _json(body, headers)
+
+
+def _json(model, headers: dict | None = None) -> Response:
+    return Response(answer(model), mimetype="application/json", headers=headers)
+
+
+def _reply(text: str, tools: bool) -> tuple[AssistantReply, bool]:
+    """The answer's message: with tools offered, its call blocks as `tool_calls` (the text beside
+    them as `content`, null when there is none)."""
+    if tools:
+        content, calls = split_calls(text)
+        if calls:
+            return AssistantReply(role="assistant", content=content or None,
+                                  tool_calls=[ToolCall.model_validate(c.to_dict()) for c in calls]), True
+    return AssistantReply(role="assistant", content=text), False
+
+
+def _finish(reason: str, called: bool) -> str:
+    """OpenAI's `finish_reason`: "tool_calls" when an answer that ended by itself made calls."""
+    return "tool_calls" if called and reason == "stop" else reason
 
 
 def _read_body() -> bytes:
@@ -106,19 +129,19 @@ def _read_body() -> bytes:
     return data
 
 
-def _logprobs(entries) -> dict | None:
+def _logprobs(entries) -> ChoiceLogprobs | None:
     """A choice's `logprobs` (OpenAI's shape), or None when the request did not ask."""
-    return None if entries is None else {"content": entries, "refusal": None}
+    return None if entries is None else ChoiceLogprobs(content=entries, refusal=None)
 
 
-def _chunk(gen, model, delta=None, finish=None, logprobs=None, **extra) -> str:
+def _chunk(gen, model, delta: dict | None = None, finish=None, logprobs=None, **extra) -> str:
     """One `data:` event; `extra` fields at the top level, those that are None left out."""
-    body = {"id": gen.id, "object": "chat.completion.chunk", "created": gen.created, "model": model,
-            "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish,
-                                                  "logprobs": _logprobs(logprobs)}],
-            "usage": None}
-    body.update((k, v) for k, v in extra.items() if v is not None)
-    return "data: " + json.dumps(body, ensure_ascii=False) + "\n\n"
+    chunk = ChatCompletionChunk(
+        id=gen.id, object="chat.completion.chunk", created=gen.created, model=model,
+        choices=[] if delta is None else [ChunkChoice(index=0, delta=Delta(**delta), finish_reason=finish,
+                                                      logprobs=_logprobs(logprobs))],
+        **{"usage": None, **{k: v for k, v in extra.items() if v is not None}})
+    return "data: " + answer(chunk) + "\n\n"
 
 
 def _stage(stage: str, named: bool, **data) -> str:
@@ -138,12 +161,13 @@ def _stream_closed(gen, record) -> None:
     record.finish(499)  # no-op when the stream counted its end
 
 
-def _sse(gen, model, include_usage, record, t0, include_stages=False):
+def _sse(gen, model, include_usage, record, t0, include_stages=False, tools=False):
     """The SSE body. It counts its request at its last event, before the client can see it end."""
     # the first bytes: headers reach the client now
     yield _stage("queued", include_stages, position=gen.work["queue_position"])
     yield _chunk(gen, model, {"role": "assistant", "content": ""})
     boxes = GroundingParser()
+    out = _StreamedAnswer(gen, model, tools)
     for ev in gen.events(ping_every=PING_EVERY_S):
         if ev is None:
             yield ": ping\n\n"
@@ -151,7 +175,7 @@ def _sse(gen, model, include_usage, record, t0, include_stages=False):
             yield _stage(ev.data["stage"], include_stages)
         elif ev.kind == "delta":
             boxes.feed(ev.text)
-            yield _chunk(gen, model, {"content": ev.text}, logprobs=ev.data.get("logprobs"))
+            yield from out.delta(ev.text, ev.data.get("logprobs"))
         elif ev.kind == "error":
             record.finish(ev.error.status)
             yield "data: " + json.dumps(ev.error.to_dict()) + "\n\n"
@@ -160,8 +184,44 @@ def _sse(gen, model, include_usage, record, t0, include_stages=False):
         elif ev.kind == "done":
             record.result = ev.data
             record.finish(200)
-            yield _chunk(gen, model, {}, ev.data["finish_reason"], grounding=grounding(boxes.items, gen.image_sizes))
+            yield from out.end(ev.data["finish_reason"], grounding(boxes.items, gen.image_sizes))
             if include_usage:
                 yield _chunk(gen, model, None, usage=ev.data["usage"], timings=ev.data["timings"])
             yield "data: [DONE]\n\n"
             return
+
+
+class _StreamedAnswer:
+    """A streamed answer's chunks: text as `content` deltas; with tools offered, each call block as
+    one `tool_calls` delta once it closes (text that may begin a block waits for the next piece).
+    Log probabilities of held text go with the next chunk written."""
+
+    def __init__(self, gen, model: str, tools: bool):
+        self.gen, self.model = gen, model
+        self.calls = CallStream() if tools else None
+        self.logprobs: list | None = None
+
+    def _take_logprobs(self):
+        lp, self.logprobs = self.logprobs, None
+        return lp
+
+    def delta(self, text: str, logprobs):
+        if logprobs is not None:
+            self.logprobs = (self.logprobs or []) + list(logprobs)
+        if self.calls is None:
+            yield _chunk(self.gen, self.model, {"content": text}, logprobs=self._take_logprobs())
+            return
+        for kind, value in self.calls.feed(text):
+            if kind == "text":
+                yield _chunk(self.gen, self.model, {"content": value}, logprobs=self._take_logprobs())
+            else:
+                call = ToolCallDelta.model_validate({"index": self.calls.calls - 1, **value.to_dict()})
+                yield _chunk(self.gen, self.model, {"tool_calls": [call]}, logprobs=self._take_logprobs())
+
+    def end(self, reason: str, boxes):
+        held = self.calls.finish() if self.calls is not None else ""
+        if held:
+            yield _chunk(self.gen, self.model, {"content": held}, logprobs=self._take_logprobs())
+        called = self.calls is not None and self.calls.calls > 0
+        yield _chunk(self.gen, self.model, {}, _finish(reason, called), logprobs=self._take_logprobs(),
+                     grounding=boxes)

@@ -8,7 +8,16 @@ from .base import MAX_TOP_LOGPROBS
 
 
 class _Out(BaseModel):
-    """An answer object: what the server writes (unknown fields may be added later)."""
+    """An answer object: what the server writes (unknown fields may be added later). The handlers
+    build every answer from these models (`answer`), so the OpenAPI document is the code's own."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def answer(model: BaseModel) -> str:
+    """The JSON text of an answer: the fields given, the absent ones left out (a field given as
+    None, like `logprobs`, is written as null)."""
+    return model.model_dump_json(exclude_unset=True)
 
 
 def _absent(**kw):
@@ -38,12 +47,25 @@ class Timings(_Out):
     total_ms: float = Field(ge=0)
 
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
+class CalledFunction(_Out):
+    name: str
+    arguments: str = Field(description="the JSON text of an object")
+
+
+class ToolCall(_Out):
+    id: str = Field(pattern="^call_")
+    type: Literal["function"]
+    function: CalledFunction
 
 
 class AssistantReply(_Out):
     role: Literal["assistant"]
-    content: str
+    content: str | None = Field(description="the answer's text; null when it is only tool calls")
+    tool_calls: list[ToolCall] = _absent(min_length=1, description=(
+        "the calls the answer made (requests with `tools`); `finish_reason` is then \"tool_calls\""))
 
 
 class TopLogprob(_Out):
@@ -104,9 +126,16 @@ class ChatCompletion(_Out):
     grounding: Grounding = _absent()
 
 
+class ToolCallDelta(ToolCall):
+    """A whole call in one delta (OpenAI's clients join fragments by `index`; ours come complete)."""
+
+    index: int = Field(ge=0, description="the call's place among the answer's calls")
+
+
 class Delta(_Out):
     role: Literal["assistant"] = _absent()
     content: str = _absent()
+    tool_calls: list[ToolCallDelta] = _absent(min_length=1)
 
 
 class ChunkChoice(_Out):

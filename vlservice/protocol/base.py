@@ -5,7 +5,7 @@ from typing import Annotated, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Tag
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 DETAILS = ("low", "auto", "high")
 MEDIA_TYPES = {"image/png": "png", "image/jpeg": "jpeg", "image/jpg": "jpeg", "image/webp": "webp",
                "image/bmp": "bmp", "image/x-ms-bmp": "bmp", "image/gif": "gif"}

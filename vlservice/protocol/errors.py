@@ -41,7 +41,7 @@ def _explain(err: dict, model) -> tuple[str, str, str]:
     if kind == "message_role":
         if not isinstance(value, dict):
             return f"`{p}` must be an object", p, "invalid_type"
-        return (f"`{p}.role` must be one of system, developer, user, assistant, got {value.get('role')!r}",
+        return (f"`{p}.role` must be one of system, developer, user, assistant, tool, got {value.get('role')!r}",
                 f"{p}.role", "invalid_value")
     if kind in ("part_type", "text_part_type"):
         if not isinstance(value, dict):

@@ -155,19 +155,38 @@ class UserMessage(_In):
     content: UserContent = Field(description="text, or text and image parts in order")
 
 
+class FunctionCall(_In):
+    name: str = Field(min_length=1, max_length=64, description="the function called")
+    arguments: str = Field(description="its arguments as the JSON text of an object, as the answer gave them")
+
+
+class AssistantToolCall(_In):
+    id: str = Field(max_length=256, description="the call's id, which the `tool` message answering it names")
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class AssistantMessage(_In):
     role: Literal["assistant"]
     content: TextContent | None = Field(None, description="null or missing: an empty message")
+    tool_calls: list[AssistantToolCall] | None = Field(None, description=(
+        "the calls this turn made (an earlier answer's `tool_calls`), rendered in the model's own format"))
+
+
+class ToolMessage(_In):
+    role: Literal["tool"]
+    tool_call_id: str = Field(max_length=256, description="the call this answers")
+    content: TextContent = Field(description="what the function returned, as text")
 
 
 def _role_tag(v):
     if isinstance(v, dict) and isinstance(v.get("role"), str):
         return {"system": "SystemMessage", "developer": "SystemMessage", "user": "UserMessage",
-                "assistant": "AssistantMessage"}.get(v["role"])
+                "assistant": "AssistantMessage", "tool": "ToolMessage"}.get(v["role"])
 
 
 ChatMessage = _tagged(_role_tag, "message_role", ("SystemMessage", SystemMessage), ("UserMessage", UserMessage),
-                      ("AssistantMessage", AssistantMessage))
+                      ("AssistantMessage", AssistantMessage), ("ToolMessage", ToolMessage))
 
 Stop = _tagged(lambda v: "One" if isinstance(v, str) else "Many" if isinstance(v, list) else None, "stop_type",
                ("One", Annotated[str, Field(max_length=MAX_STOP_CHARS)]),

@@ -11,6 +11,7 @@ from .base import _SURROGATE, MAX_DEPTH, ROLES
 from .errors import _explain, _param
 from .media import _parts
 from .request import StreamOptions, grammar_of, request_model
+from .tools import grammar_of_tools, offered, tools_for_template
 
 
 def load_body(raw: bytes):
@@ -58,7 +59,8 @@ def _surrogate(loc, where: str) -> InvalidRequest:
 
 
 def parse_chat(body, settings: Settings, defaults: dict | None = None, fetch_remote=None) -> tuple[ChatRequest, dict]:
-    """(request, options) where options has `stream`, `include_usage`, `include_stages`, `model`.
+    """(request, options) where options has `stream`, `include_usage`, `include_stages`, `model`,
+    `tools` (the answer is read for tool calls).
 
     `defaults`: the model's generation config (temperature, top_p, top_k, repetition_penalty) for
     what the request leaves unset; `fetch_remote(url, param) -> bytes`, or None to refuse http(s)."""
@@ -84,11 +86,14 @@ def parse_chat(body, settings: Settings, defaults: dict | None = None, fetch_rem
         repetition_penalty=float(pick(r.repetition_penalty, "repetition_penalty", 1.0)),
         frequency_penalty=r.frequency_penalty or 0.0, presence_penalty=r.presence_penalty or 0.0, seed=r.seed,
         stop=tuple(s for s in stop if s), logprobs=(r.top_logprobs or 0) if r.logprobs else None,
-        grammar=grammar_of(r.response_format))
+        grammar=grammar_of(r.response_format) or grammar_of_tools(r))
     messages = [Message(ROLES[m.role], _parts(m.content, f"messages[{i}]", settings, fetch_remote,
-                                              r.mm_processor_kwargs))
+                                              r.mm_processor_kwargs),
+                        [{"name": c.function.name, "arguments": c.function.arguments}
+                         for c in getattr(m, "tool_calls", None) or []])
                 for i, m in enumerate(r.messages)]
     so = r.stream_options or StreamOptions()
-    request = ChatRequest(messages=messages, sampling=sampling, result_cache=r.result_cache)
+    request = ChatRequest(messages=messages, sampling=sampling, result_cache=r.result_cache,
+                          tools=tools_for_template(r))
     return request, {"stream": r.stream, "include_usage": so.include_usage, "include_stages": so.include_stages,
-                     "model": r.model}
+                     "model": r.model, "tools": offered(r)}

@@ -1,4 +1,5 @@
-"""The request model (with the running `Settings`' bounds): sampling, streaming, structured output."""
+"""The request model (with the running `Settings`' bounds): sampling, streaming, structured output,
+tools."""
 
 from functools import lru_cache
 from typing import Annotated, Any, Literal
@@ -10,6 +11,9 @@ from ..config import Settings
 from .base import INTEGERS, MAX_STOP, MAX_STOP_CHARS, MAX_TOP_LOGPROBS, _In, _tagged
 from .media import _check_media
 from .messages import ChatMessage, ImagePart, InputVideoPart, MMProcessorKwargs, Stop, VideoPart
+from .tools import TOOL_CHOICE, Tool, ToolChoice, check_tools
+
+MAX_TOOLS = 128  # OpenAI's bound
 
 
 class StreamOptions(_In):
@@ -150,7 +154,12 @@ def request_model(settings: Settings) -> type[BaseModel]:
             "penalties, divided by the temperature; before top-k / top-p)"))
         top_logprobs: int | None = _num(0, MAX_TOP_LOGPROBS, "with `logprobs`: this many most likely tokens at "
                                                              "each position, best first")
-        tools: _unsupported("tools", "tool calling") = None
+        tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS, description=(
+            f"functions the model may call (at most {MAX_TOOLS}); its calls come back in `message.tool_calls` "
+            "(streamed as `delta.tool_calls`) with `finish_reason` \"tool_calls\""))
+        tool_choice: ToolChoice | None = Field(None, description=TOOL_CHOICE)
+        parallel_tool_calls: bool | None = Field(None, description=(
+            "false: at most one call per answer where calls are forced (default true)"))
         functions: _unsupported("functions", "function calling") = None
         audio: _unsupported("audio", "audio output") = None
         response_format: ResponseFormat | None = Field(None, description=(
@@ -196,6 +205,7 @@ def request_model(settings: Settings) -> type[BaseModel]:
                         raise PydanticCustomError("invalid_value", f"`{name}` must be between 4 and {max_frames}, "
                                                   f"got {value}", {"param": name})
             _check_media(self, settings)
+            check_tools(self)
             if self.top_logprobs and not self.logprobs:
                 raise PydanticCustomError("invalid_value", "`top_logprobs` needs `logprobs` set to true",
                                           {"param": "top_logprobs"})
