@@ -41,7 +41,7 @@ from .checkpoints import DEMO_NOTICE, ModelSource, resolve
 from .constrain import GrammarError, Grammars, explain
 from .counters import Counters
 from .decoder import Decoder
-from .generation import Generation
+from .generation import Generation, Work
 from .lm import LeanLM, SeqPos
 from .ortdecode import SplitLM
 from .heap import malloc_trim, release_file_pages
@@ -268,10 +268,10 @@ class VLModelService:
         with self._active_lock:
             self._active[gen.id] = gen
         try:
-            gen.queue.put(Event("queued", data={"position": work["queue_position"]}))
-            cached = self.results.get(work["result_key"]) if work["result_key"] else None
+            gen.queue.put(Event("queued", data={"position": work.queue_position}))
+            cached = self.results.get(work.result_key) if work.result_key else None
             if cached is not None:
-                self._replay(gen, cached, dict(work["timings"]))
+                self._replay(gen, cached, dict(work.timings))
             else:
                 assert self.scheduler is not None, "ready: start() started the scheduler"
                 self.scheduler.submit(gen)
@@ -280,7 +280,7 @@ class VLModelService:
             raise
         return gen
 
-    def _work(self, request: ChatRequest, t0: float) -> dict:
+    def _work(self, request: ChatRequest, t0: float) -> Work:
         """What the scheduler needs of an admitted request (it holds a slot): its media decoded
         (one decode turn each), its prompt, its cache keys."""
         assert self.encoder is not None, "ready: start() loaded the encoder"
@@ -332,13 +332,12 @@ class VLModelService:
         result_key = None
         if request.result_cache and s.greedy and s.logprobs is None:  # the cache keeps no log probabilities
             result_key = ResultCache.key(self.model_fp, self.encoder.name, prompt.input_ids, keys, s)
-        work = {"prepared": prepared, "keys": keys, "prompt": prompt, "images": images, "result_key": result_key,
-                "constraint": constraint,
-                "timings": {"image_decode_ms": decode_s * 1e3, "preprocess_ms": prep_s * 1e3, **video_timings,
-                            **({"grammar_compile_ms": compile_s * 1e3} if constraint is not None else {}),
-                            "submit_ms": (time.perf_counter() - t0) * 1e3},
-                "t_submit": time.perf_counter(), "queue_position": self.queue_depth() + self.running()}
-        return work
+        timings = {"image_decode_ms": decode_s * 1e3, "preprocess_ms": prep_s * 1e3, **video_timings,
+                   **({"grammar_compile_ms": compile_s * 1e3} if constraint is not None else {}),
+                   "submit_ms": (time.perf_counter() - t0) * 1e3}
+        return Work(prepared=prepared, keys=keys, prompt=prompt, images=images, result_key=result_key,
+                    constraint=constraint, timings=timings, t_submit=time.perf_counter(),
+                    queue_position=self.queue_depth() + self.running())
 
     def cancel(self, request_id: str) -> bool:
         with self._active_lock:
@@ -406,7 +405,7 @@ class VLModelService:
         work = gen.work
         feats, hit_all, lookup_s, encode_s = [], True, 0.0, 0.0
         for i in needed:
-            p, key = work["prepared"][i], work["keys"][i]
+            p, key = work.prepared[i], work.keys[i]
             t = time.perf_counter()
             f = self.cache.get(key) if key else None
             lookup_s += time.perf_counter() - t
@@ -424,8 +423,8 @@ class VLModelService:
                 raise Cancelled("the request was cancelled")
         timings["cache_lookup_ms"] = lookup_s * 1e3
         timings["vision_encode_ms"] = encode_s * 1e3
-        timings["vision_cache_hit"] = bool(work["prepared"]) and hit_all
-        timings.update(media_tokens(work["prepared"]))
+        timings["vision_cache_hit"] = bool(work.prepared) and hit_all
+        timings.update(media_tokens(work.prepared))
         return feats
 
     def _replay(self, gen: Generation, cached: dict, timings: dict) -> None:
@@ -436,18 +435,18 @@ class VLModelService:
         usage = dict(cached["usage"])
         n = usage["completion_tokens"]
         timings.update({"queue_ms": 0.0, "cache_lookup_ms": 0.0, "vision_encode_ms": 0.0, "vision_cache_hit": True,
-                        **media_tokens(gen.work["prepared"]), "prompt_ms": 0.0,
+                        **media_tokens(gen.work.prepared), "prompt_ms": 0.0,
                         "prompt_n": 0, "cache_n": usage["prompt_tokens"], "prompt_per_second": 0.0,
                         "predicted_n": n, "predicted_ms": 0.0, "predicted_per_second": 0.0,
                         "result_cache_hit": True,
-                        "ttft_ms": (time.perf_counter() - gen.work["t_submit"]) * 1e3})
+                        "ttft_ms": (time.perf_counter() - gen.work.t_submit) * 1e3})
         timings["total_ms"] = timings["ttft_ms"]
         self._finish(gen, timings, cached["finish_reason"], usage)
 
     def complete(self, gen: Generation, timings: dict, finish: str, usage: dict, text: str) -> None:
         """A request the model answered: the result cache, then the final event."""
-        if gen.work["result_key"]:
-            self.results.put(gen.work["result_key"], {"text": text, "finish_reason": finish, "usage": usage})
+        if gen.work.result_key:
+            self.results.put(gen.work.result_key, {"text": text, "finish_reason": finish, "usage": usage})
         self._finish(gen, timings, finish, usage)
 
     def fail(self, gen: Generation, error: APIError) -> None:
