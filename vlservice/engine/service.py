@@ -60,7 +60,7 @@ class VLModelService:
         """`model`: an already loaded `Qwen3VLForConditionalGeneration` of `source` to share (the
         benchmark runs several configurations over one copy of the weights)."""
         import torch
-        from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
+        from transformers import AutoTokenizer
 
         self.settings = settings
         t0 = time.perf_counter()
@@ -73,40 +73,7 @@ class VLModelService:
         pre = json.loads((path / "preprocessor_config.json").read_text())
         self.spec = imgs.ImageSpec.from_preprocessor_config(pre)
         self.video_spec = vid.VideoSpec.from_checkpoint(path, pre)
-        self.quantize_s = 0.0
-        self.llm_int8_stats: dict = {}
-        self.prepack_stats: dict = {}
-        # int4: the prompts run through the INT8 LLM, the tokens through ONNX Runtime (ortdecode.py)
-        self.torch_quant = "int8" if settings.llm_quant in ("int8", "int4") else ""
-        self.decoder_stats: dict = {}
-        if settings.llm_quant == "int4":  # built before any weights are loaded: its peak memory is its own
-            from .ortdecode import ensure_decoder
-
-            _, self.decoder_stats = ensure_decoder(path, settings.cache_path)
-        if model is None and self.torch_quant == "int8":
-            from .quant import load_int8_model
-            from .vision import onnx_ready
-
-            need_vision = not onnx_ready(path, settings.cache_path, settings.vision_backend)
-            model, self.llm_int8_stats = load_int8_model(path, settings.cache_path, need_vision)
-            self.quantize_s = self.llm_int8_stats["build_s"]
-        elif model is None:
-            model = Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32)
-            if settings.llm_prepack:
-                from .quant import prepack_llm
-
-                self.prepack_stats = prepack_llm(model, path)
-        elif self.torch_quant == "int8":  # a shared float model (the benchmark): quantise in place
-            from .quant import quantize_llm_int8
-
-            self.quantize_s = quantize_llm_int8(model)
-        if self.torch_quant == "int8":
-            from .quant import fuse_int8_projections, make_rows_independent
-
-            make_rows_independent(model)  # a request's answer must not depend on who shares its batch
-            fuse_int8_projections(model)  # q/k/v and gate/up as one product each (the same bits)
-        self.model = model.eval()
-        self.model.requires_grad_(False)
+        self.model = self._load_llm(path, model)
         gen = self.model.generation_config
         eos = gen.eos_token_id if isinstance(gen.eos_token_id, (list, tuple)) else [gen.eos_token_id]
         eos = [e for e in eos if e is not None] or [self.tokenizer.eos_token_id]
@@ -147,6 +114,49 @@ class VLModelService:
         self.encoder_calls = 0
         log.info("loaded %s from %s in %.1f s%s", self.source.name, path, self.load_s,
                  " (DEMO model)" if self.source.is_demo else "")
+
+    def _load_llm(self, path, model):
+        """The language model as `VL_LLM_QUANT` wants it, loaded (or `model` converted in place),
+        in eval mode with no gradients; what loading it measured goes on `self`."""
+        import torch
+        from transformers import Qwen3VLForConditionalGeneration
+
+        settings = self.settings
+        self.quantize_s = 0.0
+        self.llm_int8_stats: dict = {}
+        self.prepack_stats: dict = {}
+        # int4: the prompts run through the INT8 LLM, the tokens through ONNX Runtime (ortdecode.py)
+        self.torch_quant = "int8" if settings.llm_quant in ("int8", "int4") else ""
+        self.decoder_stats: dict = {}
+        if settings.llm_quant == "int4":  # built before any weights are loaded: its peak memory is its own
+            from .ortdecode import ensure_decoder
+
+            _, self.decoder_stats = ensure_decoder(path, settings.cache_path)
+        if model is None and self.torch_quant == "int8":
+            from .quant import load_int8_model
+            from .vision import onnx_ready
+
+            need_vision = not onnx_ready(path, settings.cache_path, settings.vision_backend)
+            model, self.llm_int8_stats = load_int8_model(path, settings.cache_path, need_vision)
+            self.quantize_s = self.llm_int8_stats["build_s"]
+        elif model is None:
+            model = Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32)
+            if settings.llm_prepack:
+                from .quant import prepack_llm
+
+                self.prepack_stats = prepack_llm(model, path)
+        elif self.torch_quant == "int8":  # a shared float model (the benchmark): quantise in place
+            from .quant import quantize_llm_int8
+
+            self.quantize_s = quantize_llm_int8(model)
+        if self.torch_quant == "int8":
+            from .quant import fuse_int8_projections, make_rows_independent
+
+            make_rows_independent(model)  # a request's answer must not depend on who shares its batch
+            fuse_int8_projections(model)  # q/k/v and gate/up as one product each (the same bits)
+        model = model.eval()
+        model.requires_grad_(False)
+        return model
 
     # ----------------------------------------------------------------- lifecycle
     @property
