@@ -236,7 +236,7 @@ def test_a_running_stream_keeps_decoding_while_a_new_prompt_prefills(batched):
     start = kinds.index(("new", "started"))
     first = kinds.index(("new", "delta")) if ("new", "delta") in kinds else kinds.index(("new", "done"))
     between = [e for e in kinds[start:first] if e == ("runner", "delta")]
-    prompt_n = newcomer.work["prompt"].input_ids
+    prompt_n = newcomer.work.prompt.input_ids
     assert len(prompt_n) > 3 * batched.settings.prefill_chunk  # several chunks to interleave with
     assert len(between) >= 2, kinds[start:first]
 

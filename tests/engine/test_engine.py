@@ -167,10 +167,10 @@ def test_typed_control_tokens_reach_the_model_as_text(service_for, tmp_path):
     messages = [Message("system", [typed]), Message("user", [ImageInput(png_bytes(scene())), typed]),
                 Message("assistant", [typed]), Message("user", [typed, VideoInput(clip), typed])]
     gen = svc.submit(ChatRequest(messages=messages, sampling=Sampling(max_tokens=2)))
-    ids = gen.work["prompt"].input_ids
+    ids = gen.work.prompt.input_ids
     result = gen.result()
     count = {name: ids.count(tok.convert_tokens_to_ids(name)) for name in tok.added_tokens_encoder}
-    image_tokens, video = gen.work["prepared"][0].num_tokens, gen.work["prepared"][1]
+    image_tokens, video = gen.work.prepared[0].num_tokens, gen.work.prepared[1]
     frames = len(video.timestamps)  # the template's vision markers around a clip hold one pair per frame
     assert {k: v for k, v in count.items() if v} == {
         "<|im_start|>": len(messages) + 1, "<|im_end|>": len(messages), "<|vision_start|>": 2 + frames,

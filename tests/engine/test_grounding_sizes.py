@@ -34,6 +34,6 @@ def test_image_sizes_are_the_decoded_images(service_for):
     gen.result()
     assert gen.image_sizes == [(300, 90), (120, 200)]  # (width, height); the photo stands upright
     # the model's input is resized to multiples of 32: the answer's pixels are not of that
-    assert [p.size for p in gen.work["prepared"]] != [(90, 300), (200, 120)]
+    assert [p.size for p in gen.work.prepared] != [(90, 300), (200, 120)]
     g = grounding(parse('[{"bbox_2d": [0, 500, 1000, 1000], "label": "lower half"}]'), gen.image_sizes)
     assert g == {"image": 1, "width": 120, "height": 200, "objects": [{"label": "lower half", "box": [0, 100, 120, 200]}]}

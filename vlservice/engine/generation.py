@@ -5,16 +5,40 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import EngineError
 from .types import ChatRequest
 from .video import PreparedVideo
 
+if TYPE_CHECKING:
+    from .constrain import Constraint
+    from .images import Prepared
+    from .prompt import Prompt
+
+
+@dataclass
+class Work:
+    """What the submitting thread prepared for the model: everything the scheduler and the service
+    need of a request past submission, in one typed record (the engine's own: the HTTP layer reads
+    the `Generation`'s properties, never this)."""
+
+    prepared: list[Prepared | PreparedVideo]  # the media, decoded and preprocessed, in prompt order
+    keys: list[str]  # each medium's feature-cache key
+    prompt: Prompt  # the rendered chat template, tokenized
+    images: list[tuple[int, int, str]]  # (start, end, key) of each medium's span in the prompt
+    result_key: str | None  # the result cache's key; None: the answer is not to be cached
+    constraint: Constraint | None  # `response_format`'s matcher, built at submission (not on the model's thread)
+    timings: dict  # what submission measured (decode, preprocess, grammar compile, submit ms)
+    t_submit: float  # perf_counter when it was queued: queue time-outs, ttft and total time count from here
+    queue_position: int  # requests running or waiting ahead of it when it was queued
+
 
 class Generation:
     """A submitted request: iterate `events()`; `cancel()` stops it."""
 
-    def __init__(self, service, request: ChatRequest, work: dict):
+    def __init__(self, service, request: ChatRequest, work: Work):
         self.service = service
         self.request = request
         self.id = request.id
@@ -27,7 +51,12 @@ class Generation:
     def image_sizes(self) -> list[tuple[int, int]]:
         """(width, height) of each image of the request as decoded (EXIF orientation applied): the
         pixels its answer's grounding coordinates are converted to (videos are not images here)."""
-        return [(p.source_size[1], p.source_size[0]) for p in self.work["prepared"] if not isinstance(p, PreparedVideo)]
+        return [(p.source_size[1], p.source_size[0]) for p in self.work.prepared if not isinstance(p, PreparedVideo)]
+
+    @property
+    def queue_position(self) -> int:
+        """Requests running or waiting ahead of this one when it was queued (X-Queue-Position)."""
+        return self.work.queue_position
 
     def cancel(self) -> None:
         self.cancelled.set()

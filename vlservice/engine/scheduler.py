@@ -19,44 +19,38 @@ sequences costs little more than one step over one. The scheduler therefore keep
    with its own parameters, seed and stop strings, and leaves the batch the moment it finishes or
    is cancelled, freeing its slot.
 
-`VL_MAX_BATCH=1` gives one request at a time. Nothing here knows HTTP; callers see events on
-their `Generation`'s queue.
+`VL_MAX_BATCH=1` gives one request at a time. The rules themselves (who leaves the queue, who
+takes a slot, who shares a pass, how long its chunk is) are pure functions in `policy.py`: this
+loop measures, asks them and carries out the answers. Nothing here knows HTTP; callers see events
+on their `Generation`'s queue.
 """
 
 from __future__ import annotations
 
 import atexit
-import heapq
 import itertools
 import logging
 import threading
 import time
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import APIError, Cancelled, EngineError, NotReady, QueueTimeout
+from . import policy
 from .heap import malloc_trim
-from .lm import Chunk, SeqPos
 from .logprobs import TokenText
-from .sampling import Sampler
-from .textstream import TextStream
-from .types import PRIORITIES, Event
+from .sequence import Sequence
+from .types import Event
 
 if TYPE_CHECKING:
-    import torch
-
-    from .kv import SeqKV
+    from .generation import Generation
 
 log = logging.getLogger(__name__)
 
 _live: weakref.WeakSet = weakref.WeakSet()
-
-GAP_STEPS = 3  # a pass carrying a prompt's chunk costs about this many decode steps (auto chunk size)
-ALONE_CHUNK = 512  # prompt tokens per pass when no stream is waiting for its next token
-MIN_CHUNK = 8
 
 
 @atexit.register
@@ -65,47 +59,6 @@ def _stop_all() -> None:
     inside torch aborts ("terminate called without an active exception")."""
     for scheduler in list(_live):
         scheduler.stop(timeout=10)
-
-
-class Sequence:
-    """One admitted request's state on the model side."""
-
-    def __init__(self, gen, now: float):
-        self.gen = gen
-        work = gen.work
-        self.prompt = work["prompt"]
-        self.images = work["images"]
-        self.sampling = gen.request.sampling
-        self.timings = dict(work["timings"])
-        self.timings["wait_ms"] = 0.0  # other requests' prefill chunks while this one ran
-        self.admitted = now
-        self.kv: SeqKV | None = None  # set by admission (`_setup`)
-        self.pos = SeqPos()
-        self.start = 0  # prompt tokens reused from the conversation's KV cache
-        self.cursor = 0  # next prompt token to prefill
-        # (embeds, positions, visual mask, deepstack) of the prompt from `start`, while it prefills
-        self.needed: list[int] = []  # images after `start`, whose features the prompt needs
-        self.encoding: Future | None = None  # the encoder thread's future for them
-        # (embeds, positions, visual mask, deepstack) of the prompt from `start`
-        self.inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[torch.Tensor] | None] | None = None
-        self.prompt_logits: torch.Tensor | None = None
-        self.prefill_s = 0.0
-        # `response_format`: this sequence's own grammar matcher, built at submission
-        constraint = work.get("constraint")
-        if constraint is None and self.sampling.grammar:
-            constraint = gen.service.grammars.constraint(self.sampling.grammar)
-        self.sampler = Sampler(self.sampling, constraint)
-        self.stream = TextStream(gen.service.tokenizer, self.sampling.stop)
-        self.seen = list(self.prompt.input_ids)
-        self.fed = list(self.prompt.input_ids)
-        self.n = 0
-        self.pending: int | None = None  # the token to feed at the next decode step
-        self.logprobs: list[dict] = []  # with `logprobs`: entries of tokens not yet sent with a delta
-        self.t_first = 0.0
-
-    @property
-    def decoding(self) -> bool:
-        return self.pending is not None
 
 
 class Scheduler:
@@ -119,7 +72,7 @@ class Scheduler:
         self.mixed_steps = 0  # decode steps that carried a prompt's chunk too
         self.queue_timeout_s = queue_timeout_s
         self._cond = threading.Condition()
-        self._waiting: list = []  # heap of (priority, arrival, gen)
+        self._waiting: list[tuple[int, int, Generation]] = []  # (priority rank, arrival, gen), by arrival
         self._arrival = itertools.count()
         self.running: list[Sequence] = []
         self._thread: threading.Thread | None = None
@@ -159,7 +112,7 @@ class Scheduler:
         with self._cond:
             if self._stop:
                 raise NotReady("the server is shutting down; retry", code="shutting_down")
-            heapq.heappush(self._waiting, (PRIORITIES.get(gen.request.priority, 1), next(self._arrival), gen))
+            self._waiting.append((policy.rank(gen.request.priority), next(self._arrival), gen))
             self._cond.notify_all()
 
     def wake(self) -> None:
@@ -217,10 +170,9 @@ class Scheduler:
     def _ready(self) -> bool:
         """Something to do now: a free slot for a waiter, a finished encode, a prompt to prefill,
         tokens to decode. Called with the condition held."""
-        if self._waiting and len(self.running) < self.max_batch:
-            return True
-        return any(s.decoding or s.inputs is not None or (s.encoding is not None and s.encoding.done())
-                   for s in self.running)
+        runnable = any(s.decoding or s.inputs is not None or (s.encoding is not None and s.encoding.done())
+                       for s in self.running)
+        return policy.ready(len(self._waiting), len(self.running), self.max_batch, runnable)
 
     def _idle(self) -> None:
         """Give the freed heap back to the system when the model goes idle (at most once a second)."""
@@ -230,26 +182,19 @@ class Scheduler:
             self.trims += 1
 
     def _take_admissible(self) -> list:
-        """Pop what may leave the queue now: cancelled or timed-out waiters (with their error) and,
-        while slots are free, the best waiters. Called with the condition held."""
-        out, now, keep = [], time.perf_counter(), []
-        for item in self._waiting:
-            gen = item[2]
-            if gen.cancelled.is_set() or now - gen.work["t_submit"] > self.queue_timeout_s:
-                out.append(gen)
-            else:
-                keep.append(item)
-        if len(keep) != len(self._waiting):
-            heapq.heapify(keep)
-            self._waiting = keep
-        free = self.max_batch - len(self.running) - sum(1 for g in out if not self._expired(g))
-        while free > 0 and self._waiting:
-            out.append(heapq.heappop(self._waiting)[2])
-            free -= 1
+        """Take out of the queue what `policy.admit` lets leave now: cancelled or timed-out waiters
+        (`_admit` gives them their error) and, while slots are free, the best waiters. Called with
+        the condition held."""
+        waiters = [policy.Waiter(rank, arrival, gen.work.t_submit, gen.cancelled.is_set())
+                   for rank, arrival, gen in self._waiting]
+        gone, admit = policy.admit(waiters, self.max_batch - len(self.running), time.perf_counter(),
+                                   self.queue_timeout_s)
+        if not gone and not admit:
+            return []
+        taken = set(gone) | set(admit)
+        out = [self._waiting[i][2] for i in gone + admit]
+        self._waiting = [item for i, item in enumerate(self._waiting) if i not in taken]
         return out
-
-    def _expired(self, gen) -> bool:
-        return gen.cancelled.is_set() or time.perf_counter() - gen.work["t_submit"] > self.queue_timeout_s
 
     def _work(self) -> None:
         for seq in list(self.running):
@@ -262,10 +207,9 @@ class Scheduler:
             except Exception as exc:
                 self._drop(seq, exc)
         self._share_cores()
-        prefilling = [s for s in self.running if s.inputs is not None and not s.decoding]
-        decoding = [s for s in self.running if s.decoding]
-        if decoding or prefilling:
-            self._step(decoding, prefilling[0] if prefilling else None)
+        decoding, prefilling = policy.batch([s.state for s in self.running])
+        if decoding or prefilling is not None:
+            self._step([self.running[i] for i in decoding], None if prefilling is None else self.running[prefilling])
 
     def _share_cores(self) -> None:
         """One PyTorch thread while an image is encoded beside the model's steps, all of them
@@ -284,9 +228,10 @@ class Scheduler:
         self._last_start = None  # the next decode step's cycle includes this admission
         svc = self.service
         now = time.perf_counter()
-        if gen.cancelled.is_set():
+        why = policy.leaving(gen.cancelled.is_set(), now - gen.work.t_submit, self.queue_timeout_s)
+        if why == policy.CANCELLED:
             return svc.fail(gen, Cancelled("the request was cancelled while it waited"))
-        if now - gen.work["t_submit"] > self.queue_timeout_s:
+        if why == policy.TIMED_OUT:
             return svc.fail(gen, QueueTimeout(f"the request waited {self.queue_timeout_s:.0f} s for the model; "
                                               f"retry later", retry_after=svc.retry_after()))
         try:
@@ -295,7 +240,7 @@ class Scheduler:
             log.error("could not start %s: %r", gen.id, exc)
             return svc.fail(gen, exc if isinstance(exc, APIError) else EngineError(f"the engine failed: "
                                                                                     f"{type(exc).__name__}"))
-        seq.timings["queue_ms"] = (now - gen.work["t_submit"]) * 1e3
+        seq.timings["queue_ms"] = (now - gen.work.t_submit) * 1e3
         gen.queue.put(Event("started"))
         self.running.append(seq)
         try:
@@ -341,44 +286,9 @@ class Scheduler:
 
     # ----------------------------------------------------------------- one pass
     def _chunk_len(self, decoding: int) -> int:
-        """Prompt tokens for this pass. Alone: `ALONE_CHUNK`. Beside `decoding` streams: the fixed
-        `VL_PREFILL_CHUNK`, else as many as fit in `GAP_STEPS` decode steps, by the decode step's
-        measured time at this batch size and a prompt token's measured share of a pass."""
-        if not decoding:
-            return max(ALONE_CHUNK, self.prefill_chunk)
-        if self.prefill_chunk:
-            return self.prefill_chunk
-        step_s = self._step_s(decoding)
-        if step_s is None or self._token_s is None:
-            return 32  # until both are measured
-        if self._token_s <= 0.0:  # prompt tokens measured as free beside a step (a tiny model)
-            return ALONE_CHUNK
-        return int(min(ALONE_CHUNK, max(MIN_CHUNK, (GAP_STEPS - 1) * step_s / self._token_s)))
-
-    def _step_s(self, batch: int) -> float | None:
-        """Mean forward time of a decode-only step at `batch` (or the nearest measured size)."""
-        if not self.step_times:
-            return None
-        size = min(self.step_times, key=lambda k: (abs(k - batch), k))
-        n, forward = self.step_times[size][0], self.step_times[size][1]
-        return forward / n if n else None
-
-    def _chunk(self, seq: Sequence, length: int):
-        """The next `length` prompt tokens of `seq` (fewer at the end) as a `Chunk`."""
-        assert seq.inputs is not None and seq.kv is not None, "a sequence prefills between `_setup` and its last chunk"
-        embeds, positions, visual, deepstack = seq.inputs
-        a = seq.cursor - seq.start
-        b = min(len(seq.prompt) - seq.start, a + length)
-        mask = chunk_ds = None
-        if visual is not None:
-            assert deepstack is not None, "the decoder gives the image mask and deepstack together"
-            mask = visual[:, a:b]
-            before, inside = int(visual[:, :a].sum()), int(mask.sum())
-            if inside:
-                chunk_ds = [d[before:before + inside] for d in deepstack]
-            else:
-                mask = None
-        return Chunk(seq.kv, embeds[:, a:b], positions[:, :, a:b], mask, chunk_ds, logits=seq.start + b == len(seq.prompt))
+        """Prompt tokens for this pass beside `decoding` streams (`policy.chunk_len`), from what
+        this scheduler has measured so far."""
+        return policy.chunk_len(decoding, self.prefill_chunk, policy.step_s(self.step_times, decoding), self._token_s)
 
     def _step(self, batch: list, seq: Sequence | None) -> None:
         """One forward pass: a token for every sequence in `batch` and, with `seq`, its prompt's
@@ -393,7 +303,7 @@ class Scheduler:
         chunk = None
         try:
             if seq is not None:
-                chunk = self._chunk(seq, self._chunk_len(len(batch)))
+                chunk = seq.chunk(self._chunk_len(len(batch)))
             if seq is None:
                 logits, last = self.lean.decode([s.pending for s in batch], [s.kv for s in batch],
                                                 [s.pos for s in batch]), None
@@ -415,10 +325,8 @@ class Scheduler:
         n = self.last_chunk = chunk.embeds.shape[1]
         # what the chunk's tokens added to a pass that would have cost a decode step without them
         # (alone too: a pass streams the weights whatever it carries)
-        step_s = self._step_s(max(beside, 1))
-        if step_s is not None and n >= MIN_CHUNK:
-            share = max(spent - step_s, 0.0) / n
-            self._token_s = share if self._token_s is None else 0.8 * self._token_s + 0.2 * share
+        step_s = policy.step_s(self.step_times, max(beside, 1))
+        self._token_s = policy.token_cost(self._token_s, spent, step_s, n)
         seq.cursor += n
         seq.prefill_s += spent
         # the others waited for what the chunk added to their step
@@ -445,7 +353,7 @@ class Scheduler:
         now = time.perf_counter()
         seq.t_first = now
         seq.timings["prompt_ms"] = seq.prefill_s * 1e3
-        seq.timings["ttft_ms"] = (now - seq.gen.work["t_submit"]) * 1e3
+        seq.timings["ttft_ms"] = (now - seq.gen.work.t_submit) * 1e3
         self._accept(seq, token)
 
     # ----------------------------------------------------------------- decode
@@ -526,7 +434,7 @@ class Scheduler:
             "prompt_per_second": prompt_n / seq.prefill_s if seq.prefill_s else 0.0,
             "predicted_n": n, "predicted_ms": decode_s * 1e3,
             "predicted_per_second": (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
-            "total_ms": (now - seq.gen.work["t_submit"]) * 1e3,
+            "total_ms": (now - seq.gen.work.t_submit) * 1e3,
             "model_ms": (now - seq.admitted) * 1e3,
         })
         if seq.sampler.constraint is not None:  # `response_format`: what its token masks cost, in all

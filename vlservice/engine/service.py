@@ -41,7 +41,7 @@ from .checkpoints import DEMO_NOTICE, ModelSource, resolve
 from .constrain import GrammarError, Grammars, explain
 from .counters import Counters
 from .decoder import Decoder
-from .generation import Generation
+from .generation import Generation, Work
 from .lm import LeanLM, SeqPos
 from .ortdecode import SplitLM
 from .heap import malloc_trim, release_file_pages
@@ -60,7 +60,7 @@ class VLModelService:
         """`model`: an already loaded `Qwen3VLForConditionalGeneration` of `source` to share (the
         benchmark runs several configurations over one copy of the weights)."""
         import torch
-        from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
+        from transformers import AutoTokenizer
 
         self.settings = settings
         t0 = time.perf_counter()
@@ -73,40 +73,7 @@ class VLModelService:
         pre = json.loads((path / "preprocessor_config.json").read_text())
         self.spec = imgs.ImageSpec.from_preprocessor_config(pre)
         self.video_spec = vid.VideoSpec.from_checkpoint(path, pre)
-        self.quantize_s = 0.0
-        self.llm_int8_stats: dict = {}
-        self.prepack_stats: dict = {}
-        # int4: the prompts run through the INT8 LLM, the tokens through ONNX Runtime (ortdecode.py)
-        self.torch_quant = "int8" if settings.llm_quant in ("int8", "int4") else ""
-        self.decoder_stats: dict = {}
-        if settings.llm_quant == "int4":  # built before any weights are loaded: its peak memory is its own
-            from .ortdecode import ensure_decoder
-
-            _, self.decoder_stats = ensure_decoder(path, settings.cache_path)
-        if model is None and self.torch_quant == "int8":
-            from .quant import load_int8_model
-            from .vision import onnx_ready
-
-            need_vision = not onnx_ready(path, settings.cache_path, settings.vision_backend)
-            model, self.llm_int8_stats = load_int8_model(path, settings.cache_path, need_vision)
-            self.quantize_s = self.llm_int8_stats["build_s"]
-        elif model is None:
-            model = Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32)
-            if settings.llm_prepack:
-                from .quant import prepack_llm
-
-                self.prepack_stats = prepack_llm(model, path)
-        elif self.torch_quant == "int8":  # a shared float model (the benchmark): quantise in place
-            from .quant import quantize_llm_int8
-
-            self.quantize_s = quantize_llm_int8(model)
-        if self.torch_quant == "int8":
-            from .quant import fuse_int8_projections, make_rows_independent
-
-            make_rows_independent(model)  # a request's answer must not depend on who shares its batch
-            fuse_int8_projections(model)  # q/k/v and gate/up as one product each (the same bits)
-        self.model = model.eval()
-        self.model.requires_grad_(False)
+        self.model = self._load_llm(path, model)
         gen = self.model.generation_config
         eos = gen.eos_token_id if isinstance(gen.eos_token_id, (list, tuple)) else [gen.eos_token_id]
         eos = [e for e in eos if e is not None] or [self.tokenizer.eos_token_id]
@@ -147,6 +114,49 @@ class VLModelService:
         self.encoder_calls = 0
         log.info("loaded %s from %s in %.1f s%s", self.source.name, path, self.load_s,
                  " (DEMO model)" if self.source.is_demo else "")
+
+    def _load_llm(self, path, model):
+        """The language model as `VL_LLM_QUANT` wants it, loaded (or `model` converted in place),
+        in eval mode with no gradients; what loading it measured goes on `self`."""
+        import torch
+        from transformers import Qwen3VLForConditionalGeneration
+
+        settings = self.settings
+        self.quantize_s = 0.0
+        self.llm_int8_stats: dict = {}
+        self.prepack_stats: dict = {}
+        # int4: the prompts run through the INT8 LLM, the tokens through ONNX Runtime (ortdecode.py)
+        self.torch_quant = "int8" if settings.llm_quant in ("int8", "int4") else ""
+        self.decoder_stats: dict = {}
+        if settings.llm_quant == "int4":  # built before any weights are loaded: its peak memory is its own
+            from .ortdecode import ensure_decoder
+
+            _, self.decoder_stats = ensure_decoder(path, settings.cache_path)
+        if model is None and self.torch_quant == "int8":
+            from .quant import load_int8_model
+            from .vision import onnx_ready
+
+            need_vision = not onnx_ready(path, settings.cache_path, settings.vision_backend)
+            model, self.llm_int8_stats = load_int8_model(path, settings.cache_path, need_vision)
+            self.quantize_s = self.llm_int8_stats["build_s"]
+        elif model is None:
+            model = Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32)
+            if settings.llm_prepack:
+                from .quant import prepack_llm
+
+                self.prepack_stats = prepack_llm(model, path)
+        elif self.torch_quant == "int8":  # a shared float model (the benchmark): quantise in place
+            from .quant import quantize_llm_int8
+
+            self.quantize_s = quantize_llm_int8(model)
+        if self.torch_quant == "int8":
+            from .quant import fuse_int8_projections, make_rows_independent
+
+            make_rows_independent(model)  # a request's answer must not depend on who shares its batch
+            fuse_int8_projections(model)  # q/k/v and gate/up as one product each (the same bits)
+        model = model.eval()
+        model.requires_grad_(False)
+        return model
 
     # ----------------------------------------------------------------- lifecycle
     @property
@@ -268,10 +278,10 @@ class VLModelService:
         with self._active_lock:
             self._active[gen.id] = gen
         try:
-            gen.queue.put(Event("queued", data={"position": work["queue_position"]}))
-            cached = self.results.get(work["result_key"]) if work["result_key"] else None
+            gen.queue.put(Event("queued", data={"position": work.queue_position}))
+            cached = self.results.get(work.result_key) if work.result_key else None
             if cached is not None:
-                self._replay(gen, cached, dict(work["timings"]))
+                self._replay(gen, cached, dict(work.timings))
             else:
                 assert self.scheduler is not None, "ready: start() started the scheduler"
                 self.scheduler.submit(gen)
@@ -280,7 +290,7 @@ class VLModelService:
             raise
         return gen
 
-    def _work(self, request: ChatRequest, t0: float) -> dict:
+    def _work(self, request: ChatRequest, t0: float) -> Work:
         """What the scheduler needs of an admitted request (it holds a slot): its media decoded
         (one decode turn each), its prompt, its cache keys."""
         assert self.encoder is not None, "ready: start() loaded the encoder"
@@ -332,13 +342,12 @@ class VLModelService:
         result_key = None
         if request.result_cache and s.greedy and s.logprobs is None:  # the cache keeps no log probabilities
             result_key = ResultCache.key(self.model_fp, self.encoder.name, prompt.input_ids, keys, s)
-        work = {"prepared": prepared, "keys": keys, "prompt": prompt, "images": images, "result_key": result_key,
-                "constraint": constraint,
-                "timings": {"image_decode_ms": decode_s * 1e3, "preprocess_ms": prep_s * 1e3, **video_timings,
-                            **({"grammar_compile_ms": compile_s * 1e3} if constraint is not None else {}),
-                            "submit_ms": (time.perf_counter() - t0) * 1e3},
-                "t_submit": time.perf_counter(), "queue_position": self.queue_depth() + self.running()}
-        return work
+        timings = {"image_decode_ms": decode_s * 1e3, "preprocess_ms": prep_s * 1e3, **video_timings,
+                   **({"grammar_compile_ms": compile_s * 1e3} if constraint is not None else {}),
+                   "submit_ms": (time.perf_counter() - t0) * 1e3}
+        return Work(prepared=prepared, keys=keys, prompt=prompt, images=images, result_key=result_key,
+                    constraint=constraint, timings=timings, t_submit=time.perf_counter(),
+                    queue_position=self.queue_depth() + self.running())
 
     def cancel(self, request_id: str) -> bool:
         with self._active_lock:
@@ -407,7 +416,7 @@ class VLModelService:
         work = gen.work
         feats, hit_all, lookup_s, encode_s = [], True, 0.0, 0.0
         for i in needed:
-            p, key = work["prepared"][i], work["keys"][i]
+            p, key = work.prepared[i], work.keys[i]
             t = time.perf_counter()
             f = self.cache.get(key) if key else None
             lookup_s += time.perf_counter() - t
@@ -425,8 +434,8 @@ class VLModelService:
                 raise Cancelled("the request was cancelled")
         timings["cache_lookup_ms"] = lookup_s * 1e3
         timings["vision_encode_ms"] = encode_s * 1e3
-        timings["vision_cache_hit"] = bool(work["prepared"]) and hit_all
-        timings.update(media_tokens(work["prepared"]))
+        timings["vision_cache_hit"] = bool(work.prepared) and hit_all
+        timings.update(media_tokens(work.prepared))
         return feats
 
     def _replay(self, gen: Generation, cached: dict, timings: dict) -> None:
@@ -437,18 +446,18 @@ class VLModelService:
         usage = dict(cached["usage"])
         n = usage["completion_tokens"]
         timings.update({"queue_ms": 0.0, "cache_lookup_ms": 0.0, "vision_encode_ms": 0.0, "vision_cache_hit": True,
-                        **media_tokens(gen.work["prepared"]), "prompt_ms": 0.0,
+                        **media_tokens(gen.work.prepared), "prompt_ms": 0.0,
                         "prompt_n": 0, "cache_n": usage["prompt_tokens"], "prompt_per_second": 0.0,
                         "predicted_n": n, "predicted_ms": 0.0, "predicted_per_second": 0.0,
                         "result_cache_hit": True,
-                        "ttft_ms": (time.perf_counter() - gen.work["t_submit"]) * 1e3})
+                        "ttft_ms": (time.perf_counter() - gen.work.t_submit) * 1e3})
         timings["total_ms"] = timings["ttft_ms"]
         self._finish(gen, timings, cached["finish_reason"], usage)
 
     def complete(self, gen: Generation, timings: dict, finish: str, usage: dict, text: str) -> None:
         """A request the model answered: the result cache, then the final event."""
-        if gen.work["result_key"]:
-            self.results.put(gen.work["result_key"], {"text": text, "finish_reason": finish, "usage": usage})
+        if gen.work.result_key:
+            self.results.put(gen.work.result_key, {"text": text, "finish_reason": finish, "usage": usage})
         self._finish(gen, timings, finish, usage)
 
     def fail(self, gen: Generation, error: APIError) -> None:

@@ -76,7 +76,7 @@ def chat_completions():
     t0 = time.perf_counter()
     gen = ctx.service.submit(req)
     model = ctx.service.model_name
-    headers = {"X-Request-Id": gen.id, "X-Queue-Position": str(gen.work["queue_position"])}
+    headers = {"X-Request-Id": gen.id, "X-Queue-Position": str(gen.queue_position)}
     if opts["stream"]:
         sse = _sse(gen, model, opts["include_usage"], record, t0, opts["include_stages"], opts["tools"])
         response = Response(watch_stream(gen, request.environ, sse),
@@ -164,7 +164,7 @@ def _stream_closed(gen, record) -> None:
 def _sse(gen, model, include_usage, record, t0, include_stages=False, tools=False):
     """The SSE body. It counts its request at its last event, before the client can see it end."""
     # the first bytes: headers reach the client now
-    yield _stage("queued", include_stages, position=gen.work["queue_position"])
+    yield _stage("queued", include_stages, position=gen.queue_position)
     yield _chunk(gen, model, {"role": "assistant", "content": ""})
     boxes = GroundingParser()
     out = _StreamedAnswer(gen, model, tools)
