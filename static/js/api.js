@@ -1,3 +1,4 @@
+// @ts-check
 /* The page's client of the server's public API: /api/config, /api/stats, the streamed
  * /v1/chat/completions (Server-Sent Events) and the cancel endpoint. No DOM here.
  *
@@ -49,7 +50,7 @@ export async function loadConfig(onRetry) {
       if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
       config = await resp.json();
       return config;
-    } catch (_) {
+    } catch {
       onRetry();
       await new Promise((r) => setTimeout(r, Math.min(10000, 1000 * 2 ** Math.min(attempt, 4))));
     }
@@ -97,10 +98,10 @@ export async function httpError(resp) {
     try {
       const j = JSON.parse(text);
       message = (j && j.error && (j.error.message || j.error.code)) || (typeof j.error === "string" ? j.error : "");
-    } catch (_) {
+    } catch {
       message = text && text.length < 300 && !/^\s*</.test(text) ? text.trim() : "";
     }
-  } catch (_) { /* no body */ }
+  } catch { /* no body */ }
   const status = resp.status;
   if (status === 429 || status === 503) {
     return { kind: "busy", status, message, retryAfter: parseRetryAfter(resp.headers.get("Retry-After")) };
@@ -211,5 +212,5 @@ export async function readChatStream(resp, on) {
 }
 
 function parseJson(text) {
-  try { return JSON.parse(text); } catch (_) { return null; }
+  try { return JSON.parse(text); } catch { return null; }
 }

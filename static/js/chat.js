@@ -1,3 +1,4 @@
+// @ts-check
 /* The conversation: the composer and presets, sending a question (with the image in the first user
  * message that had it), the streamed answer, stop, and the state line.
  *

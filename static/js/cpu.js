@@ -1,3 +1,4 @@
+// @ts-check
 /* The server CPU panel: polls /api/stats (fast while an answer streams or the server is busy, slow
  * when idle or the tab is hidden) and draws one bar per core, the recent total as a sparkline,
  * memory, queue depth and the image cache.
@@ -34,7 +35,7 @@ async function poll() {
     failures = 0;
     dom.error.hidden = true;
     render(last);
-  } catch (_) {
+  } catch {
     failures++;
     dom.error.textContent = tr("statsUnavailable");
     dom.error.hidden = false;

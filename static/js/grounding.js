@@ -1,3 +1,4 @@
+// @ts-check
 /* Grounding on the page: the boxes and points of a Qwen3-VL answer drawn over the image they are
  * about, while the answer streams, with their labels, a colour per label, a toggle to hide them
  * and a download of the image with the boxes.
@@ -25,7 +26,7 @@ function itemOf(source) {
   let obj;
   try {
     obj = JSON.parse(source);
-  } catch (_) {
+  } catch {
     return null;
   }
   if (!obj || typeof obj !== "object" || Array.isArray(obj)) return null;

@@ -1,3 +1,4 @@
+// @ts-check
 /* The image card: choose, drop or paste an image; the browser fixes its orientation (EXIF), scales it
  * down to the server's pixel budget for the chosen detail, encodes it (JPEG, or PNG for small
  * screenshots) and estimates its image tokens the way the model's processor counts them.
@@ -70,7 +71,7 @@ async function decodeImage(file) {
     try {
       const bmp = await createImageBitmap(file, { imageOrientation: "from-image" });
       return { source: bmp, w: bmp.width, h: bmp.height };
-    } catch (_) { /* fall back below */ }
+    } catch { /* fall back below */ }
   }
   const url = URL.createObjectURL(file);
   try {
@@ -141,7 +142,7 @@ async function loadImageFile(file) {
   let decoded;
   try {
     decoded = await decodeImage(file);
-  } catch (_) {
+  } catch {
     if (job === imageJob) {
       showImageError(tr("decodeFailed"));
       renderTokenEstimate();
@@ -161,7 +162,7 @@ async function loadImageFile(file) {
 
 function releaseImage() {
   if (image && image.source && typeof image.source.close === "function") {
-    try { image.source.close(); } catch (_) { /* already closed */ }
+    try { image.source.close(); } catch { /* already closed */ }
   }
   image = null;
 }
@@ -317,7 +318,7 @@ function wirePaste() {
   document.addEventListener("paste", (e) => {
     const dt = e.clipboardData;
     if (!dt) return;
-    const target = e.target;
+    const target = /** @type {HTMLElement | null} */ (e.target);
     const inField = target && (target.tagName === "TEXTAREA" || target.tagName === "INPUT");
     if (inField && (dt.getData("text/plain") || "").trim()) return;
     let file = null;

@@ -1,3 +1,4 @@
+// @ts-check
 /* The page's entry point: translates the page, starts each part (chat, image, timings, CPU panel),
  * loads the server's configuration and hands it to the parts that need it.
  */

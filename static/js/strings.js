@@ -1,3 +1,4 @@
+// @ts-check
 /* Every string the page shows, in English and Chinese, and the current language.
  *
  * Elements in the HTML name their string with data-i18n (text), data-i18n-placeholder and
@@ -258,14 +259,16 @@ export function setLanguage(next) {
 
 export function applyLanguage() {
   document.documentElement.lang = lang === "zh" ? "zh-CN" : "en";
-  for (const node of document.querySelectorAll("[data-i18n]")) {
+  for (const node of /** @type {NodeListOf<HTMLElement>} */ (document.querySelectorAll("[data-i18n]"))) {
     const v = tr(node.dataset.i18n);
     if (typeof v === "string") node.textContent = v;
   }
-  for (const node of document.querySelectorAll("[data-i18n-placeholder]")) {
+  const fields = /** @type {NodeListOf<HTMLInputElement | HTMLTextAreaElement>} */ (
+    document.querySelectorAll("[data-i18n-placeholder]"));
+  for (const node of fields) {
     node.placeholder = tr(node.dataset.i18nPlaceholder);
   }
-  for (const node of document.querySelectorAll("[data-i18n-aria-label]")) {
+  for (const node of /** @type {NodeListOf<HTMLElement>} */ (document.querySelectorAll("[data-i18n-aria-label]"))) {
     node.setAttribute("aria-label", tr(node.dataset.i18nAriaLabel));
   }
   for (const fn of listeners) fn(lang);

@@ -1,3 +1,4 @@
+// @ts-check
 /* Small DOM and formatting helpers shared by the page's modules.
  *
  * Model output and user input only ever reach the page as text (textContent, Text nodes), never as
@@ -22,14 +23,18 @@ export function fmtMs(ms) {
   return `${(ms / 1000).toFixed(1)} s`;
 }
 
+/** @typedef {"localStorage" | "sessionStorage"} StorageName */
+
 // Storage can throw (private mode, disabled cookies): the page then simply does not remember.
+/** @param {StorageName} storage @param {string} key @returns {string | null} */
 export function storageGet(storage, key) {
-  try { return window[storage].getItem(key); } catch (_) { return null; }
+  try { return window[storage].getItem(key); } catch { return null; }
 }
 
+/** @param {StorageName} storage @param {string} key @param {string | null} value */
 export function storageSet(storage, key, value) {
   try {
     if (value === null || value === "") window[storage].removeItem(key);
     else window[storage].setItem(key, value);
-  } catch (_) { /* not remembered */ }
+  } catch { /* not remembered */ }
 }

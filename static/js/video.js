@@ -1,3 +1,4 @@
+// @ts-check
 /* The video clip: dropped, pasted or chosen through the image card (images.js hands video files
  * here). The browser plays the clip into a hidden <video>, seeks to the times the server will
  * sample (2 per second by default, an even count of at least 4, at most the server's limit) and
@@ -90,19 +91,21 @@ function readDataUrl(file) {
 }
 
 function once(target, name, ms) {
-  return new Promise((resolve, reject) => {
+  return /** @type {Promise<void>} */ (new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`${name} timed out`)), ms);
     target.addEventListener(name, () => { clearTimeout(timer); resolve(); }, { once: true });
     target.addEventListener("error", () => { clearTimeout(timer); reject(new Error("media error")); }, { once: true });
-  });
+  }));
 }
 
+/** @param {number} ms @returns {Promise<void>} */
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /** Seek and wait until the frame at `t` is the one shown: "seeked" can come before it is painted. */
 async function seekTo(player, t) {
   const painted = typeof player.requestVideoFrameCallback === "function"
-    ? new Promise((resolve) => player.requestVideoFrameCallback(() => resolve())) : sleep(100);
+    ? /** @type {Promise<void>} */ (new Promise((resolve) => player.requestVideoFrameCallback(() => resolve())))
+    : sleep(100);
   player.currentTime = t;
   await once(player, "seeked", 5000);
   await Promise.race([painted, sleep(1000)]);
@@ -169,7 +172,7 @@ export async function loadVideoFile(file) {
     clip.tokens = videoTokens(n, clip.w, clip.h, dom.detail.value);
     renderInfo();
     await drawStrip(player, times, mine);
-  } catch (_) {
+  } catch {
     if (mine === job && clip) {
       dom.strip.textContent = "";
       renderInfo(T().notPlayable);
