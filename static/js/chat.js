@@ -1,6 +1,7 @@
 // @ts-check
 /* The conversation: the composer and presets, sending a question (with the image in the first user
- * message that had it), the streamed answer, stop, and the state line.
+ * message that had it, and the JSON switch's response_format), the streamed answer (text, or tool
+ * calls as call blocks; a JSON answer shown parsed once whole), stop, and the state line.
  *
  * The state line follows the server's structured stage events (queued with its position, vision
  * encode, prefill) and then the answer's tokens; while an answer streams, the conversation region
@@ -12,11 +13,13 @@ import { createOverlay, lastImageUrl } from "./grounding.js";
 import { currentImage } from "./images.js";
 import { scheduleStats } from "./cpu.js";
 import { lang, onLanguage, presetLabel, table, tr } from "./strings.js";
+import { mergeToolCalls, renderToolCalls, responseFormat, showJsonAnswer } from "./structured.js";
 import { fillCompact, showLatest } from "./timings.js";
 import { currentVideo, onVideoChange } from "./video.js";
 import { $, el, isNum } from "./util.js";
 
-const turns = []; // [{user: {text, image: {url, detail}|null}, assistant: {text, status, ...}, el}]
+// [{user: {text, image: {url, detail}|null}, assistant: {text, status, json, toolCalls, ...}, el}]
+const turns = [];
 let active = null; // the request in flight: {controller, id, turn, stopped, cancelSent, hasImage, queuePos}
 let uiState = "idle";
 let uiStateArg = null;
@@ -84,18 +87,22 @@ function addBubbles(turn) {
   const notes = el("div", "notes");
   const err = el("div", "error-text");
   err.hidden = true;
+  const tools = el("div", "tool-calls");
+  tools.hidden = true;
   const timings = el("div", "msg-timings");
   timings.hidden = true;
-  node.append(content, notes, err, timings);
+  node.append(content, tools, notes, err, timings);
+  if (turn.assistant.json) node.dataset.json = "pending";
   dom.messages.append(user, node);
-  turn.el = { node, textNode, notes, err, timings };
+  turn.el = { node, textNode, tools, notes, err, timings };
 }
 
 function renderTurnNotes(turn) {
   if (!turn.el) return;
   const a = turn.assistant;
   turn.el.notes.textContent = "";
-  if (a.finish === "length") turn.el.notes.append(el("span", "", tr("truncated")));
+  if (a.jsonNote) turn.el.notes.append(el("span", "json-note", tr(a.jsonNote)));
+  else if (a.finish === "length") turn.el.notes.append(el("span", "", tr("truncated")));
   if (a.status === "stopped") turn.el.notes.append(el("span", "", tr("stoppedNote")));
   turn.el.notes.hidden = !turn.el.notes.childNodes.length;
   if (a.error) {
@@ -139,10 +146,21 @@ function appendContent(turn, text) {
   scrollToBottom(false);
 }
 
+/** Tool-call fragments of the answer (streamed `delta.tool_calls`, or a whole `message.tool_calls`). */
+function addToolCalls(turn, fragments) {
+  mergeToolCalls(turn.assistant.toolCalls, fragments);
+  renderToolCalls(turn.el.tools, turn.assistant.toolCalls);
+  turn.el.node.classList.remove("pending");
+  if (uiState !== "generating") setState("generating");
+  scrollToBottom(false);
+}
+
 function finishTurn(turn, status) {
   const a = turn.assistant;
   if (finished(a)) return;
   a.status = status;
+  // A JSON answer: the parsed object instead of the raw text, or a note why it does not parse.
+  if (a.json && status === "done" && !a.toolCalls.length) a.jsonNote = showJsonAnswer(turn.el.node, a.text, a.finish);
   turn.el.node.classList.remove("pending");
   turn.el.node.classList.toggle("error", status === "error");
   turn.el.node.classList.toggle("stopped", status === "stopped");
@@ -185,6 +203,7 @@ function onChunk(turn, obj) {
   for (const choice of obj.choices || []) {
     const delta = choice.delta || {};
     if (typeof delta.content === "string" && delta.content.length) appendContent(turn, delta.content);
+    if (Array.isArray(delta.tool_calls) && delta.tool_calls.length) addToolCalls(turn, delta.tool_calls);
     if (choice.finish_reason) a.finish = choice.finish_reason;
   }
   if (obj.timings && typeof obj.timings === "object") setTimings(turn, obj.timings);
@@ -201,6 +220,8 @@ async function readAnswer(resp, turn) {
     const choice = (j && j.choices && j.choices[0]) || {};
     const text = (choice.message && choice.message.content) || "";
     if (text) appendContent(turn, String(text));
+    const calls = choice.message && choice.message.tool_calls;
+    if (Array.isArray(calls) && calls.length) addToolCalls(turn, calls);
     turn.assistant.finish = choice.finish_reason || "stop";
     if (j && j.timings) setTimings(turn, j.timings);
     finishTurn(turn, "done");
@@ -270,9 +291,19 @@ async function send() {
     return;
   }
 
+  let format;
+  try {
+    format = responseFormat(); // null: free text
+  } catch (err) {
+    setState("error");
+    flashComposerError(err.message);
+    return;
+  }
+
   const turn = {
     user: { text, image: null, video: null },
-    assistant: { text: "", status: "pending", error: null, timings: null, finish: null },
+    assistant: { text: "", status: "pending", error: null, timings: null, finish: null, json: !!format,
+                 jsonNote: "", toolCalls: [] },
     el: null,
   };
   turns.push(turn);
@@ -300,7 +331,9 @@ async function send() {
   setBusy(true);
   setState("sending");
   try {
-    const resp = await postChat({ model: config.model, messages: msgs, max_tokens: maxTokens() }, controller.signal);
+    const body = { model: config.model, messages: msgs, max_tokens: maxTokens() };
+    if (format) body.response_format = format;
+    const resp = await postChat(body, controller.signal);
     active.id = resp.headers.get("X-Request-Id") || null;
     if (active.stopped) {
       // Stop was pressed while the request was on its way.

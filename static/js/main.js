@@ -8,6 +8,7 @@ import { configureChat, initChat, isWorking } from "./chat.js";
 import { initCpu } from "./cpu.js";
 import { initImages, reencodeImage } from "./images.js";
 import { applyLanguage, lang, onLanguage, setLanguage, tr } from "./strings.js";
+import { initStructured } from "./structured.js";
 import { initTimings } from "./timings.js";
 import { initVideo } from "./video.js";
 import { $ } from "./util.js";
@@ -40,6 +41,7 @@ async function start() {
   initImages();
   initVideo();
   initChat();
+  initStructured();
   dom.lang.addEventListener("click", () => setLanguage(lang === "zh" ? "en" : "zh"));
   applyLanguage();
   initCpu(isWorking);
