@@ -296,7 +296,7 @@ async function send() {
     format = responseFormat(); // null: free text
   } catch (err) {
     setState("error");
-    flashComposerError(err.message);
+    flashComposerError(err instanceof Error ? err.message : String(err));
     return;
   }
 
@@ -347,7 +347,8 @@ async function send() {
       return;
     }
     await readAnswer(resp, turn);
-  } catch (err) {
+  } catch (caught) {
+    const err = /** @type {{name?: string, message?: string} | null} */ (caught);
     if (err && err.name === "AbortError") {
       finishTurn(turn, "stopped");
     } else {
