@@ -18,12 +18,37 @@ import { fillCompact, showLatest } from "./timings.js";
 import { currentVideo, onVideoChange } from "./video.js";
 import { $, el, isNum } from "./util.js";
 
-// [{user: {text, image: {url, detail}|null}, assistant: {text, status, json, toolCalls, ...}, el}]
+/**
+ * @typedef {import("./api.js").Config} Config
+ * @typedef {{url: string, detail?: string}} Media
+ * @typedef {{kind: "busy"|"http"|"network"|"server"|"stream", message?: string, status?: number,
+ *            retryAfter?: number | null}} ChatError
+ * @typedef {object} Answer
+ * @property {string} text
+ * @property {"pending"|"done"|"error"|"stopped"} status
+ * @property {ChatError | null} error
+ * @property {Record<string, any> | null} timings
+ * @property {string | null} finish the finish_reason
+ * @property {boolean} json asked with the JSON switch on
+ * @property {string} jsonNote the key of the note on a JSON answer that does not parse
+ * @property {import("./structured.js").ToolCall[]} toolCalls
+ * @typedef {{node: HTMLElement, textNode: Text, tools: HTMLElement, notes: HTMLElement, err: HTMLElement,
+ *            timings: HTMLElement, grounding?: {feed(text: string): void} | null}} TurnElements
+ * @typedef {{user: {text: string, image: Media | null, video: Media | null}, assistant: Answer,
+ *            el: TurnElements | null}} Turn
+ * @typedef {{controller: AbortController, id: string | null, turn: Turn, stopped: boolean, cancelSent: boolean,
+ *            hasImage: boolean, queuePos: number}} ActiveRequest
+ */
+
+/** @type {Turn[]} */
 const turns = [];
-let active = null; // the request in flight: {controller, id, turn, stopped, cancelSent, hasImage, queuePos}
+/** @type {ActiveRequest | null} the request in flight */
+let active = null;
 let uiState = "idle";
+/** @type {number | null} */
 let uiStateArg = null;
-let flashTimer = null;
+/** @type {ReturnType<typeof setTimeout> | undefined} */
+let flashTimer;
 const dom = {};
 
 export const isWorking = () => !!active;
@@ -32,6 +57,7 @@ const finished = (a) => a.status === "done" || a.status === "error" || a.status 
 
 // ----------------------------------------------------------------------------- state line
 
+/** @param {string} s @param {number | null} [arg] */
 function setState(s, arg = null) {
   uiState = s;
   uiStateArg = arg;
@@ -69,6 +95,7 @@ function scrollToBottom(force) {
   if (force && window.matchMedia("(max-width: 859px)").matches) dom.state.scrollIntoView({ block: "nearest" });
 }
 
+/** The question's and the answer's bubbles; returns the answer's elements. @returns {TurnElements} */
 function addBubbles(turn) {
   const user = el("div", "msg user");
   if (turn.user.image) {
@@ -94,7 +121,7 @@ function addBubbles(turn) {
   node.append(content, tools, notes, err, timings);
   if (turn.assistant.json) node.dataset.json = "pending";
   dom.messages.append(user, node);
-  turn.el = { node, textNode, tools, notes, err, timings };
+  return { node, textNode, tools, notes, err, timings };
 }
 
 function renderTurnNotes(turn) {
@@ -263,10 +290,11 @@ function buildMessages(current) {
   return { msgs, included };
 }
 
-function maxTokens() {
+/** @param {Config} cfg */
+function maxTokens(cfg) {
   let v = parseInt(dom.maxTokens.value, 10);
-  if (!Number.isFinite(v) || v < 1) v = Number(config.default_max_tokens) || 256;
-  if (isNum(config.max_tokens_cap)) v = Math.min(v, config.max_tokens_cap);
+  if (!Number.isFinite(v) || v < 1) v = Number(cfg.default_max_tokens) || 256;
+  if (isNum(cfg.max_tokens_cap)) v = Math.min(v, cfg.max_tokens_cap);
   return v;
 }
 
@@ -300,6 +328,7 @@ async function send() {
     return;
   }
 
+  /** @type {Turn} */
   const turn = {
     user: { text, image: null, video: null },
     assistant: { text: "", status: "pending", error: null, timings: null, finish: null, json: !!format,
@@ -318,7 +347,7 @@ async function send() {
   }
   const { msgs } = buildMessages(turn);
 
-  addBubbles(turn);
+  turn.el = addBubbles(turn);
   turn.el.grounding = createOverlay(turn.el.node, lastImageUrl(msgs));
   updateEmptyHint();
   dom.question.value = "";
@@ -326,18 +355,21 @@ async function send() {
   scrollToBottom(true);
 
   const controller = new AbortController();
-  active = { controller, id: null, turn, stopped: false, cancelSent: false, queuePos: 0,
-             hasImage: msgs.some((m) => Array.isArray(m.content)) };
+  /** @type {ActiveRequest} */
+  const req = { controller, id: null, turn, stopped: false, cancelSent: false, queuePos: 0,
+                hasImage: msgs.some((m) => Array.isArray(m.content)) };
+  active = req; // until the answer ends: a second send waits for it
+  const cfg = config;
   setBusy(true);
   setState("sending");
   try {
-    const body = { model: config.model, messages: msgs, max_tokens: maxTokens() };
+    const body = { model: cfg.model, messages: msgs, max_tokens: maxTokens(cfg) };
     if (format) body.response_format = format;
     const resp = await postChat(body, controller.signal);
-    active.id = resp.headers.get("X-Request-Id") || null;
-    if (active.stopped) {
+    req.id = resp.headers.get("X-Request-Id") || null;
+    if (req.stopped) {
       // Stop was pressed while the request was on its way.
-      sendCancel(active);
+      sendCancel(req);
       throw new DOMException("stopped", "AbortError");
     }
     if (!resp.ok) {
@@ -410,6 +442,7 @@ function renderPresets() {
 }
 
 function onPreset(name) {
+  if (!config) return; // the buttons come with the config
   const p = (config.presets || []).find((x) => x.name === name);
   dom.question.value = p ? p[lang] || p.en || "" : "";
   autoGrow();
@@ -421,6 +454,7 @@ function onPreset(name) {
 
 /** Apply the server's configuration: API key field, token limits, presets; sending is possible now. */
 export function configureChat() {
+  if (!config) return;
   const needKey = !!config.api_key_required;
   dom.apiKeyWrap.hidden = !needKey;
   dom.apiKey.hidden = !needKey;

@@ -6,12 +6,14 @@
 
 import { fetchStats } from "./api.js";
 import { tr, onLanguage } from "./strings.js";
-import { $, el, isNum } from "./util.js";
+import { $, context2d, el, isNum } from "./util.js";
 
 const HISTORY_POINTS = 60;
 
-let timer = null;
+/** @type {ReturnType<typeof setTimeout> | undefined} */
+let timer;
 let inFlight = false;
+/** @type {any} the last /api/stats answer */
 let last = null;
 let failures = 0;
 let working = () => false; // whether the page is waiting for an answer (set by initCpu)
@@ -101,7 +103,7 @@ function drawHistory(points) {
     canvas.width = W;
     canvas.height = H;
   }
-  const ctx = canvas.getContext("2d");
+  const ctx = context2d(canvas);
   ctx.clearRect(0, 0, W, H);
   const styles = getComputedStyle(canvas);
   const color = (name, fallback) => styles.getPropertyValue(name).trim() || fallback;

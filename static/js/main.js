@@ -46,13 +46,13 @@ async function start() {
   applyLanguage();
   initCpu(isWorking);
 
-  await loadConfig(() => {
+  const loaded = await loadConfig(() => {
     dom.configError.textContent = tr("configError");
     dom.configError.hidden = false;
   });
   dom.configError.hidden = true;
-  dom.modelName.textContent = config.model || "";
-  dom.modelName.title = config.model || "";
+  dom.modelName.textContent = loaded.model || "";
+  dom.modelName.title = loaded.model || "";
   renderHeader();
   configureChat();
   reencodeImage(); // an image chosen before the config arrived: now with the server's budget

@@ -24,6 +24,7 @@ const FIELDS = [
   ["total_ms", "ms"],
 ];
 
+/** @type {Record<string, any> | null} the last answer's timings */
 let last = null;
 const dom = {};
 

@@ -5,8 +5,21 @@
  * HTML: `el` is the one way the modules make elements with text in them.
  */
 
+/**
+ * The element of the page's HTML that `sel` names (the modules name only elements it has).
+ * @param {string} sel
+ * @returns {any}
+ */
 export const $ = (sel) => document.querySelector(sel);
 
+/**
+ * A new element, with a class and text.
+ * @template {keyof HTMLElementTagNameMap} K
+ * @param {K} tag
+ * @param {string} [className]
+ * @param {unknown} [text]
+ * @returns {HTMLElementTagNameMap[K]}
+ */
 export function el(tag, className, text) {
   const node = document.createElement(tag);
   if (className) node.className = className;
@@ -14,8 +27,17 @@ export function el(tag, className, text) {
   return node;
 }
 
+/**
+ * A canvas's 2D context (there always is one for a canvas nothing else has drawn on).
+ * @param {HTMLCanvasElement} canvas
+ * @returns {CanvasRenderingContext2D}
+ */
+export const context2d = (canvas) => /** @type {CanvasRenderingContext2D} */ (canvas.getContext("2d"));
+
+/** @param {unknown} v @returns {v is number} */
 export const isNum = (v) => typeof v === "number" && Number.isFinite(v);
 
+/** @param {unknown} ms */
 export function fmtMs(ms) {
   if (!isNum(ms)) return "";
   if (ms < 1000) return `${Math.round(ms)} ms`;
