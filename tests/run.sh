@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the tests need on a fresh Debian machine, lint (ruff) and type-check (mypy,
-# the engine), then run the whole suite; any step that fails fails the run.
+# the engine; ESLint and tsc, the page's modules), then run the whole suite; any step that fails
+# fails the run.
 # Usage: bash tests/run.sh [pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,5 +24,13 @@ echo "---- lint: ruff ----"
 .venv/bin/ruff check .
 echo "---- types: mypy (the engine, settings and errors; see [tool.mypy] in pyproject.toml) ----"
 .venv/bin/mypy
+echo "---- page: ESLint and tsc over static/js (// @ts-check; tests/js) ----"
+if command -v npm >/dev/null 2>&1; then
+  npm ci --prefix tests/js --no-audit --no-fund --loglevel=error >/dev/null
+  npm run --prefix tests/js --silent check
+else
+  echo "SKIPPED: npm is not installed, so the page's modules are not linted or type-checked" \
+    "(apt-get install npm, Node 20.19 or later)"
+fi
 export HF_HUB_OFFLINE=1
 exec .venv/bin/python -m pytest "$@"

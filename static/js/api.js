@@ -1,3 +1,4 @@
+// @ts-check
 /* The page's client of the server's public API: /api/config, /api/stats, the streamed
  * /v1/chat/completions (Server-Sent Events) and the cancel endpoint. No DOM here.
  *
@@ -14,8 +15,43 @@ const STAGE_EVENT = "vlservice.stage";
 // The API key lives for the tab only: a secret should not stay on a shared office PC.
 const SS_KEY = "vlservice.apiKey";
 
+/**
+ * A preset button's question: its name, the prompt in each language, image or video.
+ * @typedef {{name: string, en?: string, zh?: string, media?: string, [lang: string]: string | undefined}} Preset
+ */
+/**
+ * What the page reads of /api/config (vlservice/http/ops.py); fields may be missing from an older
+ * server, so the page keeps its defaults for them.
+ * @typedef {object} Config
+ * @property {string} [model]
+ * @property {boolean} [demo]
+ * @property {string | Record<string, string> | null} [demo_notice]
+ * @property {boolean} [api_key_required]
+ * @property {Preset[]} [presets]
+ * @property {number} [default_max_tokens]
+ * @property {number | null} [max_tokens_cap]
+ * @property {Record<string, number>} [detail_max_pixels]
+ * @property {number} [min_pixels]
+ * @property {number} [token_factor]
+ * @property {number | null} [encode_ms_per_token]
+ * @property {number} [max_image_bytes]
+ * @property {VideoConfig} [video]
+ */
+/**
+ * @typedef {object} VideoConfig
+ * @property {number} [max_bytes]
+ * @property {number} [max_seconds]
+ * @property {number} [max_frames]
+ * @property {number} [min_frames]
+ * @property {number} [fps]
+ * @property {number} [min_pixels]
+ * @property {number} [max_pixels]
+ * @property {number} [frame_cap_pixels]
+ * @property {Record<string, number>} [detail_frame_pixels]
+ */
+
 /** The server's configuration, once loaded (a live binding: importers see it change). */
-export let config = null;
+export let config = /** @type {Config | null} */ (null);
 let apiKey = storageGet("sessionStorage", SS_KEY) || "";
 
 export const getApiKey = () => apiKey;
@@ -37,19 +73,25 @@ export function newSession() {
 }
 newSession();
 
+/** @returns {Record<string, string>} */
 function authHeaders() {
   return config && config.api_key_required && apiKey ? { Authorization: `Bearer ${apiKey}` } : {};
 }
 
-/** Load /api/config, retrying with backoff; `onRetry()` is called after every failure. */
+/**
+ * Load /api/config, retrying with backoff; `onRetry()` is called after every failure.
+ * @param {() => void} onRetry
+ * @returns {Promise<Config>}
+ */
 export async function loadConfig(onRetry) {
   for (let attempt = 0; ; attempt++) {
     try {
       const resp = await fetch("/api/config", { headers: { Accept: "application/json" }, cache: "no-store" });
       if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
-      config = await resp.json();
-      return config;
-    } catch (_) {
+      const loaded = /** @type {Config} */ (await resp.json());
+      config = loaded;
+      return loaded;
+    } catch {
       onRetry();
       await new Promise((r) => setTimeout(r, Math.min(10000, 1000 * 2 ** Math.min(attempt, 4))));
     }
@@ -89,7 +131,11 @@ export function cancelChat(id) {
   }).catch(() => { /* best effort */ });
 }
 
-/** An error response as {kind: "busy"|"http", status, message, retryAfter}. */
+/**
+ * An error response as {kind: "busy"|"http", status, message, retryAfter}.
+ * @param {Response} resp
+ * @returns {Promise<{kind: "busy" | "http", status: number, message: string, retryAfter?: number | null}>}
+ */
 export async function httpError(resp) {
   let message = "";
   try {
@@ -97,10 +143,10 @@ export async function httpError(resp) {
     try {
       const j = JSON.parse(text);
       message = (j && j.error && (j.error.message || j.error.code)) || (typeof j.error === "string" ? j.error : "");
-    } catch (_) {
+    } catch {
       message = text && text.length < 300 && !/^\s*</.test(text) ? text.trim() : "";
     }
-  } catch (_) { /* no body */ }
+  } catch { /* no body */ }
   const status = resp.status;
   if (status === 429 || status === 503) {
     return { kind: "busy", status, message, retryAfter: parseRetryAfter(resp.headers.get("Retry-After")) };
@@ -211,5 +257,5 @@ export async function readChatStream(resp, on) {
 }
 
 function parseJson(text) {
-  try { return JSON.parse(text); } catch (_) { return null; }
+  try { return JSON.parse(text); } catch { return null; }
 }

@@ -1,5 +1,7 @@
+// @ts-check
 /* The conversation: the composer and presets, sending a question (with the image in the first user
- * message that had it), the streamed answer, stop, and the state line.
+ * message that had it, and the JSON switch's response_format), the streamed answer (text, or tool
+ * calls as call blocks; a JSON answer shown parsed once whole), stop, and the state line.
  *
  * The state line follows the server's structured stage events (queued with its position, vision
  * encode, prefill) and then the answer's tokens; while an answer streams, the conversation region
@@ -11,15 +13,42 @@ import { createOverlay, lastImageUrl } from "./grounding.js";
 import { currentImage } from "./images.js";
 import { scheduleStats } from "./cpu.js";
 import { lang, onLanguage, presetLabel, table, tr } from "./strings.js";
+import { mergeToolCalls, renderToolCalls, responseFormat, showJsonAnswer } from "./structured.js";
 import { fillCompact, showLatest } from "./timings.js";
 import { currentVideo, onVideoChange } from "./video.js";
 import { $, el, isNum } from "./util.js";
 
-const turns = []; // [{user: {text, image: {url, detail}|null}, assistant: {text, status, ...}, el}]
-let active = null; // the request in flight: {controller, id, turn, stopped, cancelSent, hasImage, queuePos}
+/**
+ * @typedef {import("./api.js").Config} Config
+ * @typedef {{url: string, detail?: string}} Media
+ * @typedef {{kind: "busy"|"http"|"network"|"server"|"stream", message?: string, status?: number,
+ *            retryAfter?: number | null}} ChatError
+ * @typedef {object} Answer
+ * @property {string} text
+ * @property {"pending"|"done"|"error"|"stopped"} status
+ * @property {ChatError | null} error
+ * @property {Record<string, any> | null} timings
+ * @property {string | null} finish the finish_reason
+ * @property {boolean} json asked with the JSON switch on
+ * @property {string} jsonNote the key of the note on a JSON answer that does not parse
+ * @property {import("./structured.js").ToolCall[]} toolCalls
+ * @typedef {{node: HTMLElement, textNode: Text, tools: HTMLElement, notes: HTMLElement, err: HTMLElement,
+ *            timings: HTMLElement, grounding?: {feed(text: string): void} | null}} TurnElements
+ * @typedef {{user: {text: string, image: Media | null, video: Media | null}, assistant: Answer,
+ *            el: TurnElements | null}} Turn
+ * @typedef {{controller: AbortController, id: string | null, turn: Turn, stopped: boolean, cancelSent: boolean,
+ *            hasImage: boolean, queuePos: number}} ActiveRequest
+ */
+
+/** @type {Turn[]} */
+const turns = [];
+/** @type {ActiveRequest | null} the request in flight */
+let active = null;
 let uiState = "idle";
+/** @type {number | null} */
 let uiStateArg = null;
-let flashTimer = null;
+/** @type {ReturnType<typeof setTimeout> | undefined} */
+let flashTimer;
 const dom = {};
 
 export const isWorking = () => !!active;
@@ -28,6 +57,7 @@ const finished = (a) => a.status === "done" || a.status === "error" || a.status 
 
 // ----------------------------------------------------------------------------- state line
 
+/** @param {string} s @param {number | null} [arg] */
 function setState(s, arg = null) {
   uiState = s;
   uiStateArg = arg;
@@ -65,6 +95,7 @@ function scrollToBottom(force) {
   if (force && window.matchMedia("(max-width: 859px)").matches) dom.state.scrollIntoView({ block: "nearest" });
 }
 
+/** The question's and the answer's bubbles; returns the answer's elements. @returns {TurnElements} */
 function addBubbles(turn) {
   const user = el("div", "msg user");
   if (turn.user.image) {
@@ -83,18 +114,22 @@ function addBubbles(turn) {
   const notes = el("div", "notes");
   const err = el("div", "error-text");
   err.hidden = true;
+  const tools = el("div", "tool-calls");
+  tools.hidden = true;
   const timings = el("div", "msg-timings");
   timings.hidden = true;
-  node.append(content, notes, err, timings);
+  node.append(content, tools, notes, err, timings);
+  if (turn.assistant.json) node.dataset.json = "pending";
   dom.messages.append(user, node);
-  turn.el = { node, textNode, notes, err, timings };
+  return { node, textNode, tools, notes, err, timings };
 }
 
 function renderTurnNotes(turn) {
   if (!turn.el) return;
   const a = turn.assistant;
   turn.el.notes.textContent = "";
-  if (a.finish === "length") turn.el.notes.append(el("span", "", tr("truncated")));
+  if (a.jsonNote) turn.el.notes.append(el("span", "json-note", tr(a.jsonNote)));
+  else if (a.finish === "length") turn.el.notes.append(el("span", "", tr("truncated")));
   if (a.status === "stopped") turn.el.notes.append(el("span", "", tr("stoppedNote")));
   turn.el.notes.hidden = !turn.el.notes.childNodes.length;
   if (a.error) {
@@ -138,10 +173,21 @@ function appendContent(turn, text) {
   scrollToBottom(false);
 }
 
+/** Tool-call fragments of the answer (streamed `delta.tool_calls`, or a whole `message.tool_calls`). */
+function addToolCalls(turn, fragments) {
+  mergeToolCalls(turn.assistant.toolCalls, fragments);
+  renderToolCalls(turn.el.tools, turn.assistant.toolCalls);
+  turn.el.node.classList.remove("pending");
+  if (uiState !== "generating") setState("generating");
+  scrollToBottom(false);
+}
+
 function finishTurn(turn, status) {
   const a = turn.assistant;
   if (finished(a)) return;
   a.status = status;
+  // A JSON answer: the parsed object instead of the raw text, or a note why it does not parse.
+  if (a.json && status === "done" && !a.toolCalls.length) a.jsonNote = showJsonAnswer(turn.el.node, a.text, a.finish);
   turn.el.node.classList.remove("pending");
   turn.el.node.classList.toggle("error", status === "error");
   turn.el.node.classList.toggle("stopped", status === "stopped");
@@ -184,6 +230,7 @@ function onChunk(turn, obj) {
   for (const choice of obj.choices || []) {
     const delta = choice.delta || {};
     if (typeof delta.content === "string" && delta.content.length) appendContent(turn, delta.content);
+    if (Array.isArray(delta.tool_calls) && delta.tool_calls.length) addToolCalls(turn, delta.tool_calls);
     if (choice.finish_reason) a.finish = choice.finish_reason;
   }
   if (obj.timings && typeof obj.timings === "object") setTimings(turn, obj.timings);
@@ -200,6 +247,8 @@ async function readAnswer(resp, turn) {
     const choice = (j && j.choices && j.choices[0]) || {};
     const text = (choice.message && choice.message.content) || "";
     if (text) appendContent(turn, String(text));
+    const calls = choice.message && choice.message.tool_calls;
+    if (Array.isArray(calls) && calls.length) addToolCalls(turn, calls);
     turn.assistant.finish = choice.finish_reason || "stop";
     if (j && j.timings) setTimings(turn, j.timings);
     finishTurn(turn, "done");
@@ -241,10 +290,11 @@ function buildMessages(current) {
   return { msgs, included };
 }
 
-function maxTokens() {
+/** @param {Config} cfg */
+function maxTokens(cfg) {
   let v = parseInt(dom.maxTokens.value, 10);
-  if (!Number.isFinite(v) || v < 1) v = Number(config.default_max_tokens) || 256;
-  if (isNum(config.max_tokens_cap)) v = Math.min(v, config.max_tokens_cap);
+  if (!Number.isFinite(v) || v < 1) v = Number(cfg.default_max_tokens) || 256;
+  if (isNum(cfg.max_tokens_cap)) v = Math.min(v, cfg.max_tokens_cap);
   return v;
 }
 
@@ -269,9 +319,20 @@ async function send() {
     return;
   }
 
+  let format;
+  try {
+    format = responseFormat(); // null: free text
+  } catch (err) {
+    setState("error");
+    flashComposerError(err instanceof Error ? err.message : String(err));
+    return;
+  }
+
+  /** @type {Turn} */
   const turn = {
     user: { text, image: null, video: null },
-    assistant: { text: "", status: "pending", error: null, timings: null, finish: null },
+    assistant: { text: "", status: "pending", error: null, timings: null, finish: null, json: !!format,
+                 jsonNote: "", toolCalls: [] },
     el: null,
   };
   turns.push(turn);
@@ -286,7 +347,7 @@ async function send() {
   }
   const { msgs } = buildMessages(turn);
 
-  addBubbles(turn);
+  turn.el = addBubbles(turn);
   turn.el.grounding = createOverlay(turn.el.node, lastImageUrl(msgs));
   updateEmptyHint();
   dom.question.value = "";
@@ -294,16 +355,21 @@ async function send() {
   scrollToBottom(true);
 
   const controller = new AbortController();
-  active = { controller, id: null, turn, stopped: false, cancelSent: false, queuePos: 0,
-             hasImage: msgs.some((m) => Array.isArray(m.content)) };
+  /** @type {ActiveRequest} */
+  const req = { controller, id: null, turn, stopped: false, cancelSent: false, queuePos: 0,
+                hasImage: msgs.some((m) => Array.isArray(m.content)) };
+  active = req; // until the answer ends: a second send waits for it
+  const cfg = config;
   setBusy(true);
   setState("sending");
   try {
-    const resp = await postChat({ model: config.model, messages: msgs, max_tokens: maxTokens() }, controller.signal);
-    active.id = resp.headers.get("X-Request-Id") || null;
-    if (active.stopped) {
+    const body = { model: cfg.model, messages: msgs, max_tokens: maxTokens(cfg) };
+    if (format) body.response_format = format;
+    const resp = await postChat(body, controller.signal);
+    req.id = resp.headers.get("X-Request-Id") || null;
+    if (req.stopped) {
       // Stop was pressed while the request was on its way.
-      sendCancel(active);
+      sendCancel(req);
       throw new DOMException("stopped", "AbortError");
     }
     if (!resp.ok) {
@@ -313,7 +379,8 @@ async function send() {
       return;
     }
     await readAnswer(resp, turn);
-  } catch (err) {
+  } catch (caught) {
+    const err = /** @type {{name?: string, message?: string} | null} */ (caught);
     if (err && err.name === "AbortError") {
       finishTurn(turn, "stopped");
     } else {
@@ -375,6 +442,7 @@ function renderPresets() {
 }
 
 function onPreset(name) {
+  if (!config) return; // the buttons come with the config
   const p = (config.presets || []).find((x) => x.name === name);
   dom.question.value = p ? p[lang] || p.en || "" : "";
   autoGrow();
@@ -386,6 +454,7 @@ function onPreset(name) {
 
 /** Apply the server's configuration: API key field, token limits, presets; sending is possible now. */
 export function configureChat() {
+  if (!config) return;
   const needKey = !!config.api_key_required;
   dom.apiKeyWrap.hidden = !needKey;
   dom.apiKey.hidden = !needKey;

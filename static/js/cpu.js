@@ -1,3 +1,4 @@
+// @ts-check
 /* The server CPU panel: polls /api/stats (fast while an answer streams or the server is busy, slow
  * when idle or the tab is hidden) and draws one bar per core, the recent total as a sparkline,
  * memory, queue depth and the image cache.
@@ -5,12 +6,14 @@
 
 import { fetchStats } from "./api.js";
 import { tr, onLanguage } from "./strings.js";
-import { $, el, isNum } from "./util.js";
+import { $, context2d, el, isNum } from "./util.js";
 
 const HISTORY_POINTS = 60;
 
-let timer = null;
+/** @type {ReturnType<typeof setTimeout> | undefined} */
+let timer;
 let inFlight = false;
+/** @type {any} the last /api/stats answer */
 let last = null;
 let failures = 0;
 let working = () => false; // whether the page is waiting for an answer (set by initCpu)
@@ -34,7 +37,7 @@ async function poll() {
     failures = 0;
     dom.error.hidden = true;
     render(last);
-  } catch (_) {
+  } catch {
     failures++;
     dom.error.textContent = tr("statsUnavailable");
     dom.error.hidden = false;
@@ -100,7 +103,7 @@ function drawHistory(points) {
     canvas.width = W;
     canvas.height = H;
   }
-  const ctx = canvas.getContext("2d");
+  const ctx = context2d(canvas);
   ctx.clearRect(0, 0, W, H);
   const styles = getComputedStyle(canvas);
   const color = (name, fallback) => styles.getPropertyValue(name).trim() || fallback;

@@ -1,3 +1,4 @@
+// @ts-check
 /* Grounding on the page: the boxes and points of a Qwen3-VL answer drawn over the image they are
  * about, while the answer streams, with their labels, a colour per label, a toggle to hide them
  * and a download of the image with the boxes.
@@ -10,7 +11,7 @@
  */
 
 import { tr } from "./strings.js";
-import { el } from "./util.js";
+import { context2d, el } from "./util.js";
 
 const SCALE = 1000;
 const KINDS = { bbox_2d: ["box", 4], point_2d: ["point", 2] };
@@ -25,7 +26,7 @@ function itemOf(source) {
   let obj;
   try {
     obj = JSON.parse(source);
-  } catch (_) {
+  } catch {
     return null;
   }
   if (!obj || typeof obj !== "object" || Array.isArray(obj)) return null;
@@ -145,6 +146,7 @@ export function drawItems(ctx, items, w, h) {
 export function createOverlay(bubble, imageUrl) {
   if (!imageUrl) return null;
   const parser = createParser();
+  /** @type {HTMLElement | null} */
   let figure = null;
   let img;
   let canvas;
@@ -153,17 +155,18 @@ export function createOverlay(bubble, imageUrl) {
     if (!img.naturalWidth) return; // drawn when the image has loaded
     canvas.width = img.naturalWidth;
     canvas.height = img.naturalHeight;
-    drawItems(canvas.getContext("2d"), parser.items, canvas.width, canvas.height);
+    drawItems(context2d(canvas), parser.items, canvas.width, canvas.height);
   }
 
   function download() {
     const out = document.createElement("canvas");
     out.width = img.naturalWidth;
     out.height = img.naturalHeight;
-    const ctx = out.getContext("2d");
+    const ctx = context2d(out);
     ctx.drawImage(img, 0, 0);
     drawItems(ctx, parser.items, out.width, out.height);
     out.toBlob((blob) => {
+      if (!blob) return;
       const a = el("a");
       a.href = URL.createObjectURL(blob);
       a.download = "grounding.png";
@@ -175,7 +178,7 @@ export function createOverlay(bubble, imageUrl) {
   }
 
   function build() {
-    figure = el("figure", "grounding");
+    const figure = el("figure", "grounding");
     const stage = el("div", "grounding-stage");
     img = el("img");
     img.alt = "";
@@ -202,11 +205,12 @@ export function createOverlay(bubble, imageUrl) {
     const content = bubble.querySelector(".content");
     if (content) content.after(figure);
     else bubble.append(figure);
+    return figure;
   }
 
   function feed(text) {
     if (!parser.feed(text).length) return;
-    if (!figure) build();
+    if (!figure) figure = build();
     redraw();
   }
 

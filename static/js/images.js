@@ -1,3 +1,4 @@
+// @ts-check
 /* The image card: choose, drop or paste an image; the browser fixes its orientation (EXIF), scales it
  * down to the server's pixel budget for the chosen detail, encodes it (JPEG, or PNG for small
  * screenshots) and estimates its image tokens the way the model's processor counts them.
@@ -8,10 +9,27 @@
 
 import { config } from "./api.js";
 import { tr, onLanguage } from "./strings.js";
-import { $, el, fmtMs, isNum } from "./util.js";
+import { $, context2d, el, fmtMs, isNum } from "./util.js";
 import { loadVideoFile, removeVideo } from "./video.js";
 
-let image = null; // {source, srcW, srcH, isPng, fileSize, dataUrl, w, h, bytes, mime, detail, tokens}
+/**
+ * The chosen image: its decoded source, then (once encoded for the chosen detail) what is sent.
+ * @typedef {object} PageImage
+ * @property {ImageBitmap | HTMLImageElement} source
+ * @property {number} srcW
+ * @property {number} srcH
+ * @property {boolean} isPng
+ * @property {number} fileSize
+ * @property {string} [dataUrl]
+ * @property {string} [mime]
+ * @property {number} [w]
+ * @property {number} [h]
+ * @property {number} [bytes]
+ * @property {string} [detail]
+ * @property {number} [tokens]
+ */
+/** @type {PageImage | null} */
+let image = null;
 let imageJob = 0; // increments to discard stale async image work
 const dom = {};
 
@@ -70,7 +88,7 @@ async function decodeImage(file) {
     try {
       const bmp = await createImageBitmap(file, { imageOrientation: "from-image" });
       return { source: bmp, w: bmp.width, h: bmp.height };
-    } catch (_) { /* fall back below */ }
+    } catch { /* fall back below */ }
   }
   const url = URL.createObjectURL(file);
   try {
@@ -96,7 +114,7 @@ function drawScaled(source, srcW, srcH, w, h, opaque) {
     const step = document.createElement("canvas");
     step.width = nw;
     step.height = nh;
-    const sctx = step.getContext("2d");
+    const sctx = context2d(step);
     sctx.imageSmoothingEnabled = true;
     sctx.imageSmoothingQuality = "high";
     sctx.drawImage(cur, 0, 0, nw, nh);
@@ -107,7 +125,7 @@ function drawScaled(source, srcW, srcH, w, h, opaque) {
   const canvas = document.createElement("canvas");
   canvas.width = w;
   canvas.height = h;
-  const ctx = canvas.getContext("2d");
+  const ctx = context2d(canvas);
   if (opaque) {
     ctx.fillStyle = "#ffffff";
     ctx.fillRect(0, 0, w, h);
@@ -141,7 +159,7 @@ async function loadImageFile(file) {
   let decoded;
   try {
     decoded = await decodeImage(file);
-  } catch (_) {
+  } catch {
     if (job === imageJob) {
       showImageError(tr("decodeFailed"));
       renderTokenEstimate();
@@ -160,8 +178,8 @@ async function loadImageFile(file) {
 }
 
 function releaseImage() {
-  if (image && image.source && typeof image.source.close === "function") {
-    try { image.source.close(); } catch (_) { /* already closed */ }
+  if (image && image.source && "close" in image.source && typeof image.source.close === "function") {
+    try { image.source.close(); } catch { /* already closed */ }
   }
   image = null;
 }
@@ -174,6 +192,7 @@ export function reencodeImage() {
   const { w, h } = fitToBudget(image.srcW, image.srcH, budget);
   const maxBytes = Number(config && config.max_image_bytes) || 20 * 1024 * 1024;
 
+  /** @type {string | null} */
   let url = null;
   let mime = "image/jpeg";
   // Keep PNG (lossless, e.g. screenshots with text) when the source was a small PNG; otherwise
@@ -208,7 +227,7 @@ export function reencodeImage() {
 
 function renderImage() {
   const has = !!(image && image.dataUrl);
-  if (has) dom.preview.src = image.dataUrl;
+  if (image && image.dataUrl) dom.preview.src = image.dataUrl;
   else dom.preview.removeAttribute("src");
   dom.preview.hidden = !has;
   dom.dropText.hidden = has;
@@ -226,17 +245,18 @@ function renderTokenEstimate() {
     box.append(el("span", "muted", tr("noImage")));
     return;
   }
-  box.dataset.tokens = String(image.tokens);
-  box.append(el("strong", "tokens", tr("tokensEstimate", image.tokens)));
+  const shown = /** @type {Required<PageImage>} */ (image); // encoded: every field is set
+  box.dataset.tokens = String(shown.tokens);
+  box.append(el("strong", "tokens", tr("tokensEstimate", shown.tokens)));
   const ms = config && config.encode_ms_per_token;
   if (isNum(ms)) {
-    box.dataset.encodeMs = String(Math.round(image.tokens * ms));
-    box.append(document.createTextNode(" · "), el("span", "encode", tr("encodeEstimate", fmtMs(image.tokens * ms))));
+    box.dataset.encodeMs = String(Math.round(shown.tokens * ms));
+    box.append(document.createTextNode(" · "), el("span", "encode", tr("encodeEstimate", fmtMs(shown.tokens * ms))));
   } else {
     delete box.dataset.encodeMs;
   }
-  const fmt = image.mime === "image/png" ? "PNG" : "JPEG";
-  box.append(el("div", "muted small-text", tr("sentAs", image.w, image.h, Math.max(1, Math.round(image.bytes / 1024)), fmt)));
+  const fmt = shown.mime === "image/png" ? "PNG" : "JPEG";
+  box.append(el("div", "muted small-text", tr("sentAs", shown.w, shown.h, Math.max(1, Math.round(shown.bytes / 1024)), fmt)));
 }
 
 function removeImage() {
@@ -290,7 +310,7 @@ function wireDragAndDrop() {
   window.addEventListener("dragover", (e) => {
     if (!hasFiles(e)) return;
     e.preventDefault();
-    e.dataTransfer.dropEffect = "copy";
+    /** @type {DataTransfer} */ (e.dataTransfer).dropEffect = "copy";
   });
   window.addEventListener("drop", (e) => {
     endDrag();
@@ -317,9 +337,10 @@ function wirePaste() {
   document.addEventListener("paste", (e) => {
     const dt = e.clipboardData;
     if (!dt) return;
-    const target = e.target;
+    const target = /** @type {HTMLElement | null} */ (e.target);
     const inField = target && (target.tagName === "TEXTAREA" || target.tagName === "INPUT");
     if (inField && (dt.getData("text/plain") || "").trim()) return;
+    /** @type {File | null} */
     let file = null;
     for (const item of dt.items || []) {
       if (item.kind === "file" && /^(image|video)\//.test(item.type)) {

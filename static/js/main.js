@@ -1,3 +1,4 @@
+// @ts-check
 /* The page's entry point: translates the page, starts each part (chat, image, timings, CPU panel),
  * loads the server's configuration and hands it to the parts that need it.
  */
@@ -7,6 +8,7 @@ import { configureChat, initChat, isWorking } from "./chat.js";
 import { initCpu } from "./cpu.js";
 import { initImages, reencodeImage } from "./images.js";
 import { applyLanguage, lang, onLanguage, setLanguage, tr } from "./strings.js";
+import { initStructured } from "./structured.js";
 import { initTimings } from "./timings.js";
 import { initVideo } from "./video.js";
 import { $ } from "./util.js";
@@ -39,17 +41,18 @@ async function start() {
   initImages();
   initVideo();
   initChat();
+  initStructured();
   dom.lang.addEventListener("click", () => setLanguage(lang === "zh" ? "en" : "zh"));
   applyLanguage();
   initCpu(isWorking);
 
-  await loadConfig(() => {
+  const loaded = await loadConfig(() => {
     dom.configError.textContent = tr("configError");
     dom.configError.hidden = false;
   });
   dom.configError.hidden = true;
-  dom.modelName.textContent = config.model || "";
-  dom.modelName.title = config.model || "";
+  dom.modelName.textContent = loaded.model || "";
+  dom.modelName.title = loaded.model || "";
   renderHeader();
   configureChat();
   reencodeImage(); // an image chosen before the config arrived: now with the server's budget

@@ -1,3 +1,4 @@
+// @ts-check
 /* Every string the page shows, in English and Chinese, and the current language.
  *
  * Elements in the HTML name their string with data-i18n (text), data-i18n-placeholder and
@@ -78,6 +79,17 @@ export const STRINGS = {
     lastAnswer: "Last answer",
     groundingShow: "Show boxes",
     groundingDownload: "Download image with boxes",
+    jsonMode: "JSON",
+    jsonSchema: "JSON Schema",
+    jsonSchemaPlaceholder: "Empty: any JSON object. Or a JSON Schema the answer must follow.",
+    jsonExampleLabel: "Example schemas",
+    jsonPickExample: "Examples…",
+    jsonExamples: { receipt: "Receipt", shapes: "Shape list" },
+    jsonSchemaInvalid: (m) => `The schema is not valid JSON: ${m}`,
+    jsonSchemaNotObject: "The schema must be a JSON object, e.g. {\"type\": \"object\"}.",
+    jsonCut: "(not complete JSON: the answer was cut at the max-tokens limit; raise Max tokens)",
+    jsonUnparsed: "(the answer is not valid JSON; shown as text)",
+    toolCall: "Tool call",
     video: {
       loading: "Reading the clip…",
       notPlayable: "The browser cannot play this clip; it is sent as it is and the server decodes it.",
@@ -183,6 +195,17 @@ export const STRINGS = {
     lastAnswer: "上一个回答",
     groundingShow: "显示标注框",
     groundingDownload: "下载带标注框的图片",
+    jsonMode: "JSON",
+    jsonSchema: "JSON Schema",
+    jsonSchemaPlaceholder: "留空：任意 JSON 对象。或填写回答必须遵循的 JSON Schema。",
+    jsonExampleLabel: "示例 Schema",
+    jsonPickExample: "示例…",
+    jsonExamples: { receipt: "收据", shapes: "图形列表" },
+    jsonSchemaInvalid: (m) => `Schema 不是有效的 JSON：${m}`,
+    jsonSchemaNotObject: "Schema 必须是一个 JSON 对象，例如 {\"type\": \"object\"}。",
+    jsonCut: "（JSON 不完整：回答已达到最大 token 数上限而被截断；请调高最大 token 数）",
+    jsonUnparsed: "（回答不是有效的 JSON；按文本显示）",
+    toolCall: "工具调用",
     video: {
       loading: "正在读取视频…",
       notPlayable: "浏览器无法播放此视频；将原样发送，由服务器解码。",
@@ -258,14 +281,16 @@ export function setLanguage(next) {
 
 export function applyLanguage() {
   document.documentElement.lang = lang === "zh" ? "zh-CN" : "en";
-  for (const node of document.querySelectorAll("[data-i18n]")) {
+  for (const node of /** @type {NodeListOf<HTMLElement>} */ (document.querySelectorAll("[data-i18n]"))) {
     const v = tr(node.dataset.i18n);
     if (typeof v === "string") node.textContent = v;
   }
-  for (const node of document.querySelectorAll("[data-i18n-placeholder]")) {
+  const fields = /** @type {NodeListOf<HTMLInputElement | HTMLTextAreaElement>} */ (
+    document.querySelectorAll("[data-i18n-placeholder]"));
+  for (const node of fields) {
     node.placeholder = tr(node.dataset.i18nPlaceholder);
   }
-  for (const node of document.querySelectorAll("[data-i18n-aria-label]")) {
+  for (const node of /** @type {NodeListOf<HTMLElement>} */ (document.querySelectorAll("[data-i18n-aria-label]"))) {
     node.setAttribute("aria-label", tr(node.dataset.i18nAriaLabel));
   }
   for (const fn of listeners) fn(lang);

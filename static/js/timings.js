@@ -1,3 +1,4 @@
+// @ts-check
 /* Per-stage timings of an answer (the `timings` object the server sends with usage): a full
  * breakdown in the "Last answer" card and a one-line summary under each answer bubble.
  */
@@ -23,6 +24,7 @@ const FIELDS = [
   ["total_ms", "ms"],
 ];
 
+/** @type {Record<string, any> | null} the last answer's timings */
 let last = null;
 const dom = {};
 

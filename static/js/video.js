@@ -1,3 +1,4 @@
+// @ts-check
 /* The video clip: dropped, pasted or chosen through the image card (images.js hands video files
  * here). The browser plays the clip into a hidden <video>, seeks to the times the server will
  * sample (2 per second by default, an even count of at least 4, at most the server's limit) and
@@ -8,9 +9,16 @@
 
 import { config } from "./api.js";
 import { onLanguage, table } from "./strings.js";
-import { $, el } from "./util.js";
+import { $, context2d, el } from "./util.js";
 
-let clip = null; // {file, dataUrl, duration, w, h, times, tokens}
+/**
+ * The chosen clip: sent as it is (dataUrl); its duration, size, sampled times and token estimate
+ * once the browser has read it (duration and tokens stay null when it cannot play it).
+ * @typedef {{file: File, dataUrl: string, duration: number | null, w: number, h: number, times: number[],
+ *            tokens: number | null}} Clip
+ */
+/** @type {Clip | null} */
+let clip = null;
 let job = 0;
 const listeners = [];
 const dom = {};
@@ -80,29 +88,32 @@ export function videoTokens(n, w, h, detail) {
   return Math.ceil(frames / 2) * (hb / f) * (wb / f);
 }
 
+/** @param {File} file @returns {Promise<string>} */
 function readDataUrl(file) {
   return new Promise((resolve, reject) => {
     const r = new FileReader();
-    r.onload = () => resolve(r.result);
+    r.onload = () => resolve(/** @type {string} */ (r.result)); // a data: URL
     r.onerror = () => reject(r.error);
     r.readAsDataURL(file);
   });
 }
 
 function once(target, name, ms) {
-  return new Promise((resolve, reject) => {
+  return /** @type {Promise<void>} */ (new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`${name} timed out`)), ms);
     target.addEventListener(name, () => { clearTimeout(timer); resolve(); }, { once: true });
     target.addEventListener("error", () => { clearTimeout(timer); reject(new Error("media error")); }, { once: true });
-  });
+  }));
 }
 
+/** @param {number} ms @returns {Promise<void>} */
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /** Seek and wait until the frame at `t` is the one shown: "seeked" can come before it is painted. */
 async function seekTo(player, t) {
   const painted = typeof player.requestVideoFrameCallback === "function"
-    ? new Promise((resolve) => player.requestVideoFrameCallback(() => resolve())) : sleep(100);
+    ? /** @type {Promise<void>} */ (new Promise((resolve) => player.requestVideoFrameCallback(() => resolve())))
+    : sleep(100);
   player.currentTime = t;
   await once(player, "seeked", 5000);
   await Promise.race([painted, sleep(1000)]);
@@ -121,7 +132,7 @@ async function drawStrip(player, times, mine) {
     c.height = h;
     c.className = "video-frame";
     c.title = `${t.toFixed(1)} s`;
-    c.getContext("2d").drawImage(player, 0, 0, w, h);
+    context2d(c).drawImage(player, 0, 0, w, h);
     dom.strip.append(c);
   }
 }
@@ -141,7 +152,9 @@ export async function loadVideoFile(file) {
   }
   const dataUrl = await readDataUrl(file);
   if (mine !== job) return;
-  clip = { file, dataUrl, duration: null, w: 0, h: 0, times: [], tokens: null };
+  /** @type {Clip} */
+  const mineClip = { file, dataUrl, duration: null, w: 0, h: 0, times: [], tokens: null };
+  clip = mineClip; // stays the clip while `mine === job`
   changed();
   const url = URL.createObjectURL(file);
   const player = document.createElement("video");
@@ -165,11 +178,11 @@ export async function loadVideoFile(file) {
     // the processor's linspace(0, frames - 1, n): the last frame starts one frame before the end
     const last = Math.max(0, duration - 1 / 30);
     const times = Array.from({ length: n }, (_, i) => (n === 1 ? 0 : (last * i) / (n - 1)));
-    Object.assign(clip, { duration, w: player.videoWidth, h: player.videoHeight, times });
-    clip.tokens = videoTokens(n, clip.w, clip.h, dom.detail.value);
+    Object.assign(mineClip, { duration, w: player.videoWidth, h: player.videoHeight, times });
+    mineClip.tokens = videoTokens(n, mineClip.w, mineClip.h, dom.detail.value);
     renderInfo();
     await drawStrip(player, times, mine);
-  } catch (_) {
+  } catch {
     if (mine === job && clip) {
       dom.strip.textContent = "";
       renderInfo(T().notPlayable);
@@ -188,7 +201,7 @@ function renderInfo(note) {
     box.dataset.tokens = String(clip.tokens);
     box.dataset.frames = String(clip.times.length);
     box.append(el("strong", "tokens", T().tokens(clip.tokens)), document.createTextNode(" · "),
-               el("span", "muted", T().summary(clip.times.length, clip.duration.toFixed(1))));
+               el("span", "muted", T().summary(clip.times.length, Number(clip.duration).toFixed(1))));
   } else {
     delete box.dataset.tokens;
   }
