@@ -5,6 +5,11 @@ Callers' threads (submit: `requests`, `busy`) and generation threads (`completed
 bump them concurrently; a bare `dict[name] += 1` is a read-modify-write that loses counts when two
 threads interleave, so every change goes through one lock. `/api/stats` and the soak read a
 consistent snapshot.
+
+Kept beside prometheus_client on purpose: the engine does not import it (obs/metrics.py reads the
+service, never the reverse), and `/api/stats` and the soak need one consistent snapshot of all of
+these as plain ints, which prometheus_client's separately locked metrics give only through their
+private values.
 """
 
 from __future__ import annotations
