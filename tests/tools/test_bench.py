@@ -212,3 +212,28 @@ def test_bench_lowbit_quick_times_every_weight_kernel_beside_the_shipped_one(tmp
         assert "error" in row or (row["1"] > 0 and row["4"] > 0)
     md = (out / "lowbit.md").read_text()
     assert report["cpu"]["model"] in md and md.count("\n| ") == len(CANDIDATES) + 1
+
+
+def test_bench_constraints_quick_times_compile_mask_and_the_step_share(tmp_path, cache_dir):
+    """`bench --constraints`: grammar compile times cold and cached, the mask per token on a row of
+    the real vocabulary along a valid answer (a refused valid token fails the run), and the masks'
+    share of the scheduler's step at batch 1 and 2, constrained beside unconstrained."""
+    out = tmp_path / "constraints"
+    env = {**os.environ, "VL_CACHE_DIR": str(cache_dir), "VL_THREADS": "2", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "vlservice", "bench", "--constraints", "--quick", "--batches", "1,2",
+                           "--tokens", "12", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "constraints.json").read_text())
+    assert report["cpu"]["model"] and report["command"].startswith("python -m vlservice bench --constraints")
+    c = report["results"]["compile"]
+    assert c["vocab"] > 150_000  # the real Qwen vocabulary, even on the tiny checkpoint
+    assert set(c["grammars"]) == {"receipt", "shape list", "two tools, required"}
+    assert all(g["compile_ms"] > 0 and g["cached_ms"] >= 0 for g in c["grammars"].values())
+    assert c["mask"]["tokens"] > 20 and c["mask"]["median_ms"] > 0
+    for row in report["results"]["batches"].values():
+        assert row["plain"]["cycles"] > 0 and row["constrained"]["cycles"] > 0
+        assert row["plain"]["mask_ms_per_step"] == 0 and row["constrained"]["mask_ms_per_step"] > 0
+        assert row["mask_share_of_step"] > 0
+    assert set(report["results"]["batches"]) == {"1", "2"}
+    assert "share of the step" in (out / "constraints.md").read_text()

@@ -19,7 +19,9 @@ wheel depends on triton (a GPU compiler) and apache-tvm-ffi. The tokenizer's llg
 built once (60 ms); a matcher for a cached grammar is a 0.1 ms copy.
 Both are far below a decode step; llguidance is one self-contained wheel, so it is the one used.
 `llguidance.torch.apply_token_bitmask_inplace` is not used: it is a `torch.compile`d kernel whose
-first call took seconds here; the mask is applied with numpy's `unpackbits` instead.
+first call took seconds here; the mask is unpacked and applied with numpy (`unpackbits`, `where`),
+single-threaded: torch's own ops on a row of the real vocabulary went to its thread pool and took
+10-95 ms a row on a busy 2-core machine, numpy 0.15 ms (`bench --constraints`).
 """
 
 from __future__ import annotations
@@ -98,8 +100,10 @@ def explain(exc: GrammarError) -> str:
 
 
 class Grammars:
-    """One per service: the tokenizer in llguidance's form (built on first use) and compiled
-    matchers by grammar, least recently used evicted."""
+    """One per service: the tokenizer in llguidance's form and compiled matchers by grammar, least
+    recently used evicted. The tokenizer's form is built here, with the service (in Gunicorn's
+    master, before the fork): for the real vocabulary it takes seconds, which the first
+    constrained request would otherwise wait."""
 
     def __init__(self, tokenizer, eos_ids, size: int = CACHE_GRAMMARS):
         self.tokenizer = tokenizer
@@ -109,6 +113,7 @@ class Grammars:
         self._compiled: OrderedDict[str, object] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = self.misses = 0
+        _ = self.llt
 
     @property
     def llt(self):
@@ -151,6 +156,7 @@ class Constraint:
         self.m = matcher
         self.vocab = vocab_size
         self.eos = torch.tensor(eos_ids, dtype=torch.long)
+        self.eos_ids = np.asarray(eos_ids, dtype=np.int64)
         self.bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
         self.mask_s = 0.0  # time spent computing and applying masks (seconds)
         self.steps = 0
@@ -162,25 +168,30 @@ class Constraint:
     def allowed(self, n: int) -> torch.Tensor:
         """A bool row of `n` ids: the tokens the grammar allows next (the end tokens exactly when it
         accepts); ids the tokenizer does not have are never allowed."""
+        return torch.from_numpy(self._allowed(n))
+
+    def _allowed(self, n: int) -> np.ndarray:
         self.m.unsafe_compute_mask_ptr(self.bits.ctypes.data, self.bits.nbytes)
         if self.m.is_error():
             raise RuntimeError(f"the grammar matcher failed: {self.m.get_error()}")
-        bits = np.unpackbits(self.bits.view(np.uint8), bitorder="little")[:min(n, self.vocab)]
-        ok = torch.zeros(n, dtype=torch.bool)
-        ok[:bits.shape[0]] = torch.from_numpy(bits.astype(np.bool_))
-        eos = self.eos[self.eos < n]
-        ok[eos] = self.accepting
+        ok = np.zeros(n, dtype=np.bool_)
+        k = min(n, self.vocab)
+        ok[:k] = np.unpackbits(self.bits.view(np.uint8), count=k, bitorder="little").view(np.bool_)
+        ok[self.eos_ids[self.eos_ids < n]] = self.accepting
         return ok
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """A masked copy of one row of logits."""
+        """A masked copy of one row of logits. numpy, not torch: on a row this size torch's ops go
+        to its thread pool, whose hand-offs cost more than the work (up to 90 ms a row on a busy
+        2-core machine, against 0.3 ms here)."""
         import time
 
         t = time.perf_counter()
-        ok = self.allowed(logits.shape[-1])
-        if not bool(ok.any()):
+        ok = self._allowed(logits.shape[-1])
+        if not ok.any():
             raise RuntimeError("the grammar allows no token of this vocabulary")
-        out = logits.masked_fill(~ok, -float("inf"))
+        row = logits.detach().to(torch.float32).numpy()
+        out = torch.from_numpy(np.where(ok, row, np.float32(-np.inf))).to(logits.dtype)
         self.mask_s += time.perf_counter() - t
         self.steps += 1
         return out

@@ -466,6 +466,10 @@ def main(argv=None) -> int:
         from . import concurrency  # several clients at once, through the real server
 
         return concurrency.main(argv)
+    if "--constraints" in argv:
+        from . import constraintbench  # structured output's and forced tool calls' cost per step
+
+        return constraintbench.main([a for a in argv if a != "--constraints"])
     if "--lowbit" in argv:
         from . import lowbit  # the LLM's weight kernels at 8 and 4 bits, side by side
 
@@ -501,6 +505,9 @@ def main(argv=None) -> int:
     ap.add_argument("--video", action="store_true",
                     help="only a 10-second clip through the service at two per-frame budgets: decode, sampling, "
                          "encode, prefill (video.md/json in --out; see python -m vlservice.tools.videobench --help)")
+    ap.add_argument("--constraints", action="store_true",
+                    help="only what grammars cost: compile, the mask per token on the real vocabulary, and the "
+                         "masks' share of a decode step at batch 1 and 4 (constraints.md/json in --out)")
     ap.add_argument("--levers", action="store_true",
                     help="only the system settings (allocators, threads, affinity, grayscale): levers.md/json in --out")
     args = ap.parse_args(argv)
