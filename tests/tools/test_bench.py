@@ -237,3 +237,18 @@ def test_bench_constraints_quick_times_compile_mask_and_the_step_share(tmp_path,
         assert row["mask_share_of_step"] > 0
     assert set(report["results"]["batches"]) == {"1", "2"}
     assert "share of the step" in (out / "constraints.md").read_text()
+
+
+def test_bench_structured_runs_the_openai_helpers_through_the_server(tmp_path, cache_dir):
+    """`bench --structured N`: the openai client's parse helper and a forced tool call on pictures the
+    demo model never saw, through Gunicorn; every finished answer valid (else exit 1)."""
+    out = tmp_path / "structured"
+    env = {**os.environ, "VL_CACHE_DIR": str(cache_dir), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "vlservice", "bench", "--structured", "2", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "structured.json").read_text())
+    assert report["cpu"]["model"] and report["command"].startswith("python -m vlservice bench --structured")
+    for row in report["results"].values():
+        assert row["requests"] == 2 and row["valid_of_finished"] == row["finished"]
+        assert row["finished"] + row["cut_by_max_tokens"] == 2

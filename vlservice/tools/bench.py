@@ -466,6 +466,10 @@ def main(argv=None) -> int:
         from . import concurrency  # several clients at once, through the real server
 
         return concurrency.main(argv)
+    if "--structured" in argv:
+        from . import structured  # the openai client's structured output and forced calls, N requests
+
+        return structured.main([a for a in argv if a != "--structured"])
     if "--constraints" in argv:
         from . import constraintbench  # structured output's and forced tool calls' cost per step
 
@@ -505,6 +509,10 @@ def main(argv=None) -> int:
     ap.add_argument("--video", action="store_true",
                     help="only a 10-second clip through the service at two per-frame budgets: decode, sampling, "
                          "encode, prefill (video.md/json in --out; see python -m vlservice.tools.videobench --help)")
+    ap.add_argument("--structured", action="store_true",
+                    help="only N image requests through the openai client's parse helper and N forced tool calls "
+                         "against the demo model (structured.md/json in --out; python -m vlservice bench --structured "
+                         "N)")
     ap.add_argument("--constraints", action="store_true",
                     help="only what grammars cost: compile, the mask per token on the real vocabulary, and the "
                          "masks' share of a decode step at batch 1 and 4 (constraints.md/json in --out)")
