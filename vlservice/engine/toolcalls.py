@@ -141,7 +141,8 @@ def _rebased(params: dict | None, i: int, defs: dict) -> dict:
     if not params:
         return {"type": "object"}
     own = f"f{i}"
-    body = {k: v for k, v in params.items() if k not in ("$defs", "definitions")}
+    moved = [k for k in ("$defs", "definitions") if isinstance(params.get(k), dict)]
+    body = {k: v for k, v in params.items() if k not in moved}
 
     def rebase(node):
         if isinstance(node, list):
@@ -160,8 +161,8 @@ def _rebased(params: dict | None, i: int, defs: dict) -> dict:
         return out
 
     defs[own] = rebase(body)
-    for key in ("$defs", "definitions"):
-        for name, sub in (params.get(key) or {}).items():
+    for key in moved:
+        for name, sub in params[key].items():
             defs[f"{own}_{name}"] = rebase(sub)
     return {"$ref": f"#/$defs/{own}"}
 
