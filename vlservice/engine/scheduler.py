@@ -40,8 +40,8 @@ import numpy as np
 
 from ..errors import APIError, Cancelled, EngineError, NotReady, QueueTimeout
 from . import policy
-from .reclaim import malloc_trim
 from .logprobs import TokenText
+from .reclaim import malloc_trim
 from .sequence import Sequence
 from .types import Event
 

@@ -31,20 +31,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..config import Settings
-from ..errors import (APIError, Busy, Cancelled, ContextLengthExceeded, InvalidRequest,
-                      NotReady)
+from ..errors import APIError, Busy, Cancelled, ContextLengthExceeded, InvalidRequest, NotReady
 from . import images as imgs
 from . import video as vid
 from .caches import FeatureCache, PrefixCache, ResultCache, SharedStore
 from .checkpoints import DEMO_NOTICE, ModelSource, resolve
 from .constrain import GrammarError, Grammars, explain
 from .counters import Counters
-from .inputs import ModelInputs
 from .generation import Generation, Work
+from .inputs import ModelInputs
 from .lm import LeanLM, SeqPos
 from .ortdecode import SplitLM
-from .reclaim import malloc_trim, release_file_pages
 from .prepare import MediaPreparer, chat_prompt, media_tokens
+from .reclaim import malloc_trim, release_file_pages
 from .scheduler import Scheduler
 from .types import ChatRequest, Event, ImageInput, Message, Sampling
 
