@@ -17,7 +17,7 @@ from vlservice.config import Settings
 def create_app(settings: Settings | None = None, service=None, start_service: bool = True) -> Flask:
     from vlservice.engine.service import load_service
     from vlservice.http import auth, errors, openai, ops, session
-    from vlservice.http.context import AppContext
+    from vlservice.http.appstate import AppState
 
     settings = settings or Settings.from_env()
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -26,7 +26,7 @@ def create_app(settings: Settings | None = None, service=None, start_service: bo
     app = Flask(__name__, template_folder="templates", static_folder="static")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes
     app.json.ensure_ascii = False
-    ctx = AppContext(settings, service)
+    ctx = AppState(settings, service)
     app.extensions["vlservice"] = ctx
     app.register_blueprint(openai.bp)
     app.register_blueprint(ops.bp)

@@ -6,7 +6,8 @@ imports; `vlservice.config` is cheap to import (no torch).
 - preload_app: the app (weights, ONNX export) is built once in the master, before the fork, so
   the weights are shared copy-on-write between workers instead of loaded twice.
 - gthread workers: one thread streams a generation while others answer /healthz, /api/stats and
-  the page. The model itself is serialised by the service's lock and bounded wait queue. Our
+  the page. The model itself belongs to one scheduler thread per worker, which batches the
+  running requests (VL_MAX_BATCH) while the rest wait in a bounded queue (VL_QUEUE_SIZE). Our
   subclass (vlservice/http/worker.py) reads each request whole in the worker's main loop before a
   thread gets it, so slow clients cannot take the threads (VL_REQUEST_READ_TIMEOUT_S, else 408).
 - post_worker_init: torch and ONNX Runtime thread pools are not fork-safe, so each worker sets

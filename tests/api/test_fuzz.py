@@ -206,11 +206,11 @@ def test_openapi_document_is_valid_openapi_31(api_key):
     example = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"][
         "examples"]["image"]["value"]
     req, _ = parse_chat(example, settings)
-    assert probe(req.images[0].data) == ("png", 16, 16)
+    assert probe(req.media[0].data) == ("png", 16, 16)
     import cv2
     import numpy as np
 
-    assert cv2.imdecode(np.frombuffer(req.images[0].data, np.uint8), cv2.IMREAD_COLOR).shape == (16, 16, 3)
+    assert cv2.imdecode(np.frombuffer(req.media[0].data, np.uint8), cv2.IMREAD_COLOR).shape == (16, 16, 3)
 
 
 @slow

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import png_bytes, scene
+from vlservice.engine.prepare import chat_prompt
 from vlservice.engine.types import ChatRequest, ImageInput, Message, Sampling
 
 QUESTION = "What is in this image?"
@@ -40,6 +41,31 @@ def one_at_a_time(settings_for):
     svc.close()
 
 
+def _generic_forward(svc, prompt, feats, steps: int):
+    """The model's own language model and LM head over a `DynamicCache`, one token at a time: the
+    reference the lean forward must match."""
+    from transformers import DynamicCache
+
+    model = svc.model
+    lm = model.model.language_model
+    cache = DynamicCache(config=model.config.text_config)
+    (embeds, mrope, mask, deepstack), pos = svc.inputs.prefill_inputs(prompt, feats)
+    text_pos = torch.arange(len(prompt)).view(1, 1, -1)
+    with torch.inference_mode():
+        out = lm(inputs_embeds=embeds, position_ids=torch.cat([text_pos, mrope], dim=0), cache=cache,
+                 use_cache=True, visual_pos_masks=mask, deepstack_visual_embeds=deepstack)
+        logits = [model.lm_head(out.last_hidden_state[:, -1]).float()[0]]
+        p, delta = pos.next_pos, pos.delta
+        for _ in range(steps):
+            token = int(logits[-1].argmax())
+            ids = torch.tensor([p, p + delta, p + delta, p + delta], dtype=torch.long).view(4, 1, 1)
+            out = lm(inputs_embeds=svc.inputs.embed(torch.tensor([[token]], dtype=torch.long)), position_ids=ids,
+                     cache=cache, use_cache=True)
+            logits.append(model.lm_head(out.last_hidden_state[:, -1]).float()[0])
+            p += 1
+    return logits
+
+
 def test_lean_forward_gives_the_generic_forward_bits_at_batch_one(service_for):
     """The lean per-step loop runs the model's own modules in the generic forward's order."""
     from vlservice.engine import images as I
@@ -48,16 +74,13 @@ def test_lean_forward_gives_the_generic_forward_bits_at_batch_one(service_for):
     rgb = I.decode(png_bytes(scene(120, 160, seed=3)), svc.limits)
     p = I.prepare(rgb, svc.spec, svc.settings.detail_low_pixels)
     feats = [svc.encoder(p.pixel_values, p.grid_thw)]
-    prompt = svc._prompt([Message("user", [ImageInput(b""), QUESTION])], [p])
-    cache = svc.decoder.new_cache()
-    want = [svc.decoder.prefill(prompt, feats, cache)]
-    (embeds, positions, mask, deepstack), pos = svc.decoder.prefill_inputs(prompt, feats)
+    prompt = chat_prompt(svc.tokenizer, [Message("user", [ImageInput(b""), QUESTION])], [p])
+    want = _generic_forward(svc, prompt, feats, steps=6)
+    (embeds, positions, mask, deepstack), pos = svc.inputs.prefill_inputs(prompt, feats)
     kv = svc.lean.new_kv()
     got = [svc.lean.prefill(kv, embeds, positions, mask, deepstack)]
-    for _ in range(6):
-        token = int(want[-1].argmax())
-        want.append(svc.decoder.step(token, cache))
-        got.append(svc.lean.decode([token], [kv], [pos])[0])
+    for w in want[:-1]:
+        got.append(svc.lean.decode([int(w.argmax())], [kv], [pos])[0])
     for g, w in zip(got, want):
         assert torch.equal(g, w)
 
@@ -76,8 +99,8 @@ def test_a_prompt_chunk_riding_with_running_tokens_gives_what_each_pass_gives_al
     def inputs(seed):
         p = I.prepare(I.decode(png_bytes(scene(120, 160, seed=seed)), svc.limits), svc.spec,
                       svc.settings.detail_low_pixels)
-        prompt = svc._prompt([Message("user", [ImageInput(b""), QUESTION])], [p])
-        return svc.decoder.prefill_inputs(prompt, [svc.encoder(p.pixel_values, p.grid_thw)])
+        prompt = chat_prompt(svc.tokenizer, [Message("user", [ImageInput(b""), QUESTION])], [p])
+        return svc.inputs.prefill_inputs(prompt, [svc.encoder(p.pixel_values, p.grid_thw)])
 
     running = []
     for seed in (4, 5):

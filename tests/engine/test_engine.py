@@ -398,7 +398,7 @@ def test_compare_command_reports_agreement_and_speed(tmp_path, tiny_model_dir, c
 def test_idle_service_hands_freed_heap_back(service_for):
     """When the model goes idle the scheduler calls glibc's malloc_trim (VL_MALLOC_TRIM), at most
     once a second; switched off, never."""
-    from vlservice.engine.heap import malloc_trim
+    from vlservice.engine.reclaim import malloc_trim
 
     assert malloc_trim() is True  # glibc is there on every Linux we support
     svc = service_for()
@@ -460,7 +460,7 @@ def test_checkpoint_pages_read_while_loading_leave_the_process(tiny_model_dir, t
     import torch
 
     from vlservice.config import Settings
-    from vlservice.engine.heap import mapped_file_pages, release_file_pages
+    from vlservice.engine.reclaim import mapped_file_pages, release_file_pages
     from vlservice.engine.service import VLModelService
 
     model_dir = shutil.copytree(tiny_model_dir, tmp_path / "model")  # mapped by this service alone

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import png_bytes, scene
+from vlservice.engine.prepare import chat_prompt
 from vlservice.engine.types import ChatRequest, ImageInput, Message, Sampling
 
 QUESTION = "What is in this image?"
@@ -24,9 +25,9 @@ def _prefilled(svc, picture: int):
         p = I.prepare(I.decode(png_bytes(scene(100 + 20 * picture, 160, seed=picture)), svc.limits), svc.spec,
                       svc.settings.detail_low_pixels)
         media, parts = [p], [ImageInput(b""), QUESTION]
-    prompt = svc._prompt([Message("user", parts)], media)
+    prompt = chat_prompt(svc.tokenizer, [Message("user", parts)], media)
     feats = [svc.encoder(p.pixel_values, p.grid_thw) for p in media]
-    (embeds, positions, mask, deepstack), pos = svc.decoder.prefill_inputs(prompt, feats)
+    (embeds, positions, mask, deepstack), pos = svc.inputs.prefill_inputs(prompt, feats)
     kv = svc.lean.new_kv(embeds.shape[1] + 16)
     logits = svc.lean.prefill(kv, embeds, positions, mask, deepstack)
     return kv, pos, int(logits.argmax())

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from vlservice.engine import video
+from vlservice.engine.prepare import chat_prompt
 from vlservice.engine.types import ChatRequest, Message, Sampling, VideoInput
 
 from conftest import make_clip
@@ -65,20 +66,20 @@ def test_prompt_expansion_and_rope_index_equal_the_reference(service_for, clip):
     import torch
 
     svc = service_for("torch")
-    prepared = svc._video(VideoInput(clip))
-    prompt = svc._prompt([Message("user", [VideoInput(clip), QUESTION])], [prepared])
+    prepared = svc.media.video(VideoInput(clip))
+    prompt = chat_prompt(svc.tokenizer, [Message("user", [VideoInput(clip), QUESTION])], [prepared])
     ids, mm_types = reference_ids(svc.tokenizer, prepared, QUESTION)
     assert prompt.input_ids == ids
     assert mm_types.count(2) == prepared.num_tokens and mm_types.count(1) == 0
     assert prompt.video_grids == [prepared.grid_thw] and prepared.grid_thw[0] == 3  # 5 frames, padded to 6
     ref_pos, ref_delta = svc.model.model.get_rope_index(torch.tensor([ids]), torch.tensor([mm_types]),
                                                         video_grid_thw=torch.tensor([prepared.grid_thw]))
-    pos, delta = svc.decoder.positions(prompt)
+    pos, delta = svc.inputs.positions(prompt)
     assert torch.equal(pos[1:], ref_pos) and delta == int(ref_delta)
     # the media span covers every temporal patch (and the timestamps between them)
-    (start, end), = prompt.media_spans(svc.decoder.image_token_id, svc.decoder.video_token_id)
-    assert ids[start] == ids[end - 1] == svc.decoder.video_token_id
-    assert sum(1 for t in ids if t == svc.decoder.video_token_id) == prepared.num_tokens
+    (start, end), = prompt.media_spans(svc.inputs.image_token_id, svc.inputs.video_token_id)
+    assert ids[start] == ids[end - 1] == svc.inputs.video_token_id
+    assert sum(1 for t in ids if t == svc.inputs.video_token_id) == prepared.num_tokens
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnx-fp32"])
@@ -88,7 +89,7 @@ def test_greedy_answer_equals_transformers_generate_on_the_video(service_for, ti
 
     svc = service_for(backend)
     ours = ask(svc, VideoInput(clip), QUESTION, max_tokens=10, min_tokens=10)
-    prepared = svc._video(VideoInput(clip))
+    prepared = svc.media.video(VideoInput(clip))
     ids, mm_types = reference_ids(svc.tokenizer, prepared, QUESTION)
     model = Qwen3VLForConditionalGeneration.from_pretrained(tiny_model_dir).eval()
     out = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
@@ -104,7 +105,7 @@ def test_greedy_answer_equals_transformers_generate_on_the_video(service_for, ti
 
 def test_onnx_encoders_take_a_video_grid(service_for, clip):
     reference = service_for("torch").encoder
-    prepared = service_for("torch")._video(VideoInput(clip))
+    prepared = service_for("torch").media.video(VideoInput(clip))
     assert prepared.grid_thw[0] > 1
     a = reference(prepared.pixel_values, prepared.grid_thw)
     for backend, tolerance in (("onnx-fp32", 1e-4), ("onnx-int8", None)):

@@ -15,6 +15,15 @@ from conftest import ROOT
 pytestmark = pytest.mark.slow
 
 
+def cells(md: str) -> list[list[str]]:
+    """The rows of the Markdown tables in `md`, each as its cells without the padding."""
+    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in md.splitlines() if line.startswith("|")]
+
+
+def count_cell(md: str, text: str) -> int:
+    return sum(row.count(text) for row in cells(md))
+
+
 def test_bench_quick_writes_json_markdown_and_chart(tmp_path, cache_dir):
     out = tmp_path / "bench"
     env = {**os.environ, "VL_CACHE_DIR": str(cache_dir), "VL_THREADS": "2", "HF_HUB_OFFLINE": "1"}
@@ -36,7 +45,7 @@ def test_bench_quick_writes_json_markdown_and_chart(tmp_path, cache_dir):
             assert 0.9 <= layer["cosine_min"] <= 1.0
     assert report["limits"]["bandwidth_gb_s"] > 0 and report["limits"]["gemm_gflop_s"] > 0
     assert report["ceilings"]["decode_ceiling_tps"] > 0
-    assert (out / "bench.md").read_text().count("| baseline |") == 2
+    assert count_cell((out / "bench.md").read_text(), "baseline") == 2
     assert (out / "bench.png").stat().st_size > 1000
 
 
@@ -99,8 +108,8 @@ def test_bench_concurrency_quick_runs_clients_through_the_real_server(tmp_path, 
     for row in single.values():
         assert row["runs"] == 3 and row["decode_tps"] > 0 and row["prompt_ms"] > 0
     md = (out / "concurrency.md").read_text()
-    assert report["cpu"]["model"] in md and md.count("| float32 |") == 5
-    assert "| float32 plain |" in md and "| float32 prepacked |" in md
+    assert report["cpu"]["model"] in md and count_cell(md, "float32") == 5
+    assert count_cell(md, "float32 plain") and count_cell(md, "float32 prepacked")
     assert (out / "concurrency.png").stat().st_size > 1000
 
 
@@ -141,7 +150,7 @@ def test_bench_decode_quick_splits_a_step_and_names_its_floor(tmp_path, cache_di
     assert report["llms"]["int8"]["parity"]["bitwise_equal"] and report["llms"]["int8"]["parity"]["identical_tokens"] == 8
     assert report["llms"]["float32"]["parity"]["logits_max_rel_diff"] < 1e-4
     md = (out / "decode.md").read_text()
-    assert report["cpu"]["model"] in md and md.count("| int8 |") == 3  # two batch sizes and the parity row
+    assert report["cpu"]["model"] in md and count_cell(md, "int8") == 3  # two batch sizes and the parity row
 
 
 def test_bench_replicas_quick_measures_affinity_and_redis_through_nginx(tmp_path, cache_dir):
@@ -165,7 +174,7 @@ def test_bench_replicas_quick_measures_affinity_and_redis_through_nginx(tmp_path
     assert report["configs"]["no-redis"]["second_question_other"]["vision_encode_ms"] > 0
     assert report["configs"]["redis"]["second_question_other"]["vision_encode_ms"] == 0
     md = (out / "replicas.md").read_text()
-    assert report["cpu"]["model"] in md and md.count("| yes |") == 4 and md.count("| no |") == 4
+    assert report["cpu"]["model"] in md and count_cell(md, "yes") == count_cell(md, "no") == 4
 
 
 def test_bench_video_quick_times_each_stage_at_two_budgets(tmp_path, cache_dir):
@@ -189,7 +198,8 @@ def test_bench_video_quick_times_each_stage_at_two_budgets(tmp_path, cache_dir):
                                         "decode_tps"))
         assert row["ttft_ms"] >= row["vision_encode_ms"]
     md = (out / "video.md").read_text()
-    assert report["cpu"]["model"] in md and "| 20 | 2,200 |" in md and "224 x 224 (50,176 px)" in md
+    assert report["cpu"]["model"] in md and "224 x 224 (50,176 px)" in md
+    assert any(row[1:3] == ["20", "2,200"] for row in cells(md))
 
 
 def test_bench_lowbit_quick_times_every_weight_kernel_beside_the_shipped_one(tmp_path, cache_dir):

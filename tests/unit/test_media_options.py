@@ -35,7 +35,7 @@ def image(**fields) -> dict:
 
 def one_image(*parts, **top):
     req, _ = parse_chat(body(*parts, **top), S)
-    return req.images[0]
+    return req.media[0]
 
 
 def refusal(b) -> APIError:

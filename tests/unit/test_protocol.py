@@ -155,7 +155,7 @@ def test_a_full_request_becomes_the_engines_request():
     req, opts = parse_chat(body, SETTINGS, {"top_k": 20, "temperature": 0.7})
     assert [m.role for m in req.messages] == ["system", "user", "assistant", "user"]
     assert req.messages[0].parts == ["be brief"] and req.messages[2].parts == [""]
-    first, second = req.images
+    first, second = req.media
     assert first.detail == second.detail == "auto" and first.data[:4] == b"\x89PNG"
     assert (first.param, second.param) == ("messages[1].content[0].image_url", "messages[3].content[0].image_url")
     s = req.sampling
@@ -318,5 +318,5 @@ def test_the_example_request_is_accepted_with_a_real_png():
     example = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"][
         "examples"]["image"]["value"]
     req, _ = parse_chat(example, SETTINGS)
-    img = cv2.imdecode(np.frombuffer(req.images[0].data, np.uint8), cv2.IMREAD_COLOR)
+    img = cv2.imdecode(np.frombuffer(req.media[0].data, np.uint8), cv2.IMREAD_COLOR)
     assert img.shape == (16, 16, 3) and len(np.unique(img.reshape(-1, 3), axis=0)) == 2

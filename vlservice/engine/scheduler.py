@@ -40,8 +40,8 @@ import numpy as np
 
 from ..errors import APIError, Cancelled, EngineError, NotReady, QueueTimeout
 from . import policy
-from .heap import malloc_trim
 from .logprobs import TokenText
+from .reclaim import malloc_trim
 from .sequence import Sequence
 from .types import Event
 
@@ -278,7 +278,7 @@ class Scheduler:
         if len(seq.needed) < len(seq.images):
             seq.timings["vision_cache_hit"] = True  # inside the reused prefix: not even looked up
         seq.gen.queue.put(Event("stage", data={"stage": "prefill"}))
-        inputs, seq.pos = self.service.decoder.prefill_inputs(seq.prompt, feats, seq.start)
+        inputs, seq.pos = self.service.inputs.prefill_inputs(seq.prompt, feats, seq.start)
         if seq.prompt_logits is not None:
             self._first_token(seq, seq.prompt_logits)
         else:
@@ -349,7 +349,7 @@ class Scheduler:
 
     def _first_token(self, seq: Sequence, logits) -> None:
         s = seq.sampling
-        token = seq.sampler(logits, seq.seen, forbid=self.service.decoder.eos_ids if s.min_tokens > 0 else None)
+        token = seq.sampler(logits, seq.seen, forbid=self.service.inputs.eos_ids if s.min_tokens > 0 else None)
         now = time.perf_counter()
         seq.t_first = now
         seq.timings["prompt_ms"] = seq.prefill_s * 1e3
@@ -363,7 +363,7 @@ class Scheduler:
         self.batch_hist[len(batch)] = self.batch_hist.get(len(batch), 0) + 1
         for listener in self.listeners:
             listener(len(batch))
-        eos = self.service.decoder.eos_ids
+        eos = self.service.inputs.eos_ids
         for i, s in enumerate(batch):
             s.fed.append(s.pending)
             try:
@@ -382,7 +382,7 @@ class Scheduler:
     def _accept(self, seq: Sequence, token: int) -> None:
         """A sampled token: the end, or text out and the next step."""
         seq.pending = None
-        if token in self.service.decoder.eos_ids:
+        if token in self.service.inputs.eos_ids:
             return self._finish(seq, "stop")
         seq.n += 1
         seq.seen.append(token)

@@ -5,9 +5,9 @@ The workflow of one request, and where each knob acts:
 1. `submit(request)` runs in the caller's thread: first admission (a full queue raises `Busy` at
    once, before any media is decoded), then, holding its place, decode and check the images and
    clips (at most `VL_MEDIA_DECODES` at once in the process), preprocess them, hash them, render
-   the chat template and count tokens. Bad input raises an `APIError` here (and gives the place
-   back), before anything is queued; an identical greedy request is answered from the result
-   cache right here, with no model work.
+   the chat template and count tokens (`prepare.py`). Bad input raises an `APIError` here (and
+   gives the place back), before anything is queued; an identical greedy request is answered from
+   the result cache right here, with no model work.
 2. The scheduler (`scheduler.py`), the one thread that touches the model, admits requests into
    up to `VL_MAX_BATCH` slots by (priority, arrival), takes their features from the cache or
    the vision encoder, prefills their prompts in chunks and decodes every running request in one
@@ -22,7 +22,6 @@ ONNX Runtime session, warms up and starts the scheduler.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
@@ -32,22 +31,21 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..config import Settings
-from ..errors import (APIError, Busy, Cancelled, ContextLengthExceeded, InvalidRequest,
-                      NotReady, QueueTimeout)
+from ..errors import APIError, Busy, Cancelled, ContextLengthExceeded, InvalidRequest, NotReady
 from . import images as imgs
 from . import video as vid
-from .caches import FeatureCache, PrefixCache, ResultCache, SharedStore, feature_key
+from .caches import FeatureCache, PrefixCache, ResultCache, SharedStore
 from .checkpoints import DEMO_NOTICE, ModelSource, resolve
 from .constrain import GrammarError, Grammars, explain
 from .counters import Counters
-from .decoder import Decoder
 from .generation import Generation, Work
+from .inputs import ModelInputs
 from .lm import LeanLM, SeqPos
 from .ortdecode import SplitLM
-from .heap import malloc_trim, release_file_pages
-from .prompt import build_prompt
+from .prepare import MediaPreparer, chat_prompt, media_tokens
+from .reclaim import malloc_trim, release_file_pages
 from .scheduler import Scheduler
-from .types import ChatRequest, Event, ImageInput, Message, Sampling, VideoInput
+from .types import ChatRequest, Event, ImageInput, Message, Sampling
 
 if TYPE_CHECKING:
     from .vision import Encoder
@@ -77,8 +75,8 @@ class VLModelService:
         gen = self.model.generation_config
         eos = gen.eos_token_id if isinstance(gen.eos_token_id, (list, tuple)) else [gen.eos_token_id]
         eos = [e for e in eos if e is not None] or [self.tokenizer.eos_token_id]
-        self.decoder = Decoder(self.model, eos)
-        self.grammars = Grammars(self.tokenizer, self.decoder.eos_ids)  # `response_format` matchers
+        self.inputs = ModelInputs(self.model, eos)
+        self.grammars = Grammars(self.tokenizer, self.inputs.eos_ids)  # `response_format` matchers
         self.lean: LeanLM | SplitLM = LeanLM(self.model)
         self.generation_defaults = {
             "temperature": float(getattr(gen, "temperature", None) or 0.0) if gen.do_sample else 0.0,
@@ -90,6 +88,9 @@ class VLModelService:
                                   max_aspect_ratio=settings.max_aspect_ratio)
         self.video_limits = vid.Limits(max_bytes=settings.max_video_bytes, max_seconds=settings.max_video_seconds,
                                        max_frames=settings.max_video_frames, max_pixels=settings.max_image_pixels)
+        # decodes media in the callers' threads, VL_MEDIA_DECODES at once: the bound on decode memory
+        self.media = MediaPreparer(settings, self.spec, self.video_spec, self.limits, self.video_limits,
+                                   self.retry_after)
         self.load_s = time.perf_counter() - t0
         # encoder, cache and scheduler: set by start() (after the fork), before `ready` is True
         self.encoder: Encoder | None = None
@@ -103,8 +104,6 @@ class VLModelService:
         self._slots = threading.BoundedSemaphore(settings.queue_size + settings.max_batch)
         self._active: dict[str, Generation] = {}
         self._active_lock = threading.Lock()
-        # media being decoded at once (VL_MEDIA_DECODES): the process-wide bound on decode memory
-        self._decoding = threading.BoundedSemaphore(settings.media_decodes)
         self.cache: FeatureCache | None = None
         self.shared: SharedStore | None = None  # the Redis tier of both caches (VL_REDIS_URL)
         self.model_fp = ""
@@ -244,8 +243,8 @@ class VLModelService:
         rgb = np.full((64, 64, 3), 200, dtype=np.uint8)
         prepared = imgs.prepare(rgb, self.spec, self.settings.detail_low_pixels)
         feats = [self.encoder(prepared.pixel_values, prepared.grid_thw)]
-        prompt = self._prompt([Message("user", [ImageInput(b""), "Hi"])], [prepared])
-        (embeds, positions, mask, deepstack), pos = self.decoder.prefill_inputs(prompt, feats)
+        prompt = chat_prompt(self.tokenizer, [Message("user", [ImageInput(b""), "Hi"])], [prepared])
+        (embeds, positions, mask, deepstack), pos = self.inputs.prefill_inputs(prompt, feats)
         kv = self.lean.new_kv()
         logits = self.lean.prefill(kv, embeds, positions, mask, deepstack)
         token = int(logits.argmax())
@@ -304,45 +303,20 @@ class VLModelService:
                 raise InvalidRequest(f"`response_format` cannot be used with this model's tokenizer: {explain(exc)}",
                                      param="response_format", code="invalid_schema") from None
             compile_s = time.perf_counter() - t
-        decode_s = prep_s = 0.0
-        prepared: list[imgs.Prepared | vid.PreparedVideo] = []
-        keys, budgets = [], []
-        video_timings: dict = {}
-        for img in request.media:
-            if isinstance(img, VideoInput):
-                v = self._video(img)
-                for k, ms in v.timings.items():
-                    video_timings[k] = video_timings.get(k, 0.0) + ms
-                budget = img.max_pixels or self.settings.video_frame_pixels(img.detail)
-                prepared.append(v)
-                budgets.append(budget)
-                keys.append(feature_key(v.digest, v.grid_thw, budget, self.model_fp, self.encoder.name))
-                continue
-            budget = img.max_pixels or self.settings.detail_pixels(img.detail)
-            try:
-                with self.decode_turn():
-                    p = imgs.load(img.data, self.spec, self.limits, budget, img.min_pixels)
-            except APIError as exc:
-                exc.param = exc.param or img.param
-                raise
-            decode_s += p.timings["image_decode_ms"] / 1e3
-            prep_s += p.timings["preprocess_ms"] / 1e3
-            prepared.append(p)
-            budgets.append(budget)
-            keys.append(feature_key(p.digest, p.grid_thw, budget, self.model_fp, self.encoder.name))
-        prompt = self._prompt(request.messages, prepared, request.tools)
+        prepared, keys, media_timings = self.media.prepare(request.media, self.model_fp, self.encoder.name)
+        prompt = chat_prompt(self.tokenizer, request.messages, prepared, request.tools)
         if len(prompt) + s.max_tokens > self.settings.max_context_tokens:
             raise ContextLengthExceeded(
                 f"this request needs {len(prompt)} prompt tokens (including "
                 f"{sum(p.num_tokens for p in prepared)} image and video tokens) plus max_tokens={s.max_tokens}, "
                 f"more than the context limit of {self.settings.max_context_tokens} tokens",
                 param="messages")
-        spans = prompt.media_spans(self.decoder.image_token_id, self.decoder.video_token_id)
+        spans = prompt.media_spans(self.inputs.image_token_id, self.inputs.video_token_id)
         images = [(a, b, k) for (a, b), k in zip(spans, keys)]
         result_key = None
         if request.result_cache and s.greedy and s.logprobs is None:  # the cache keeps no log probabilities
             result_key = ResultCache.key(self.model_fp, self.encoder.name, prompt.input_ids, keys, s)
-        timings = {"image_decode_ms": decode_s * 1e3, "preprocess_ms": prep_s * 1e3, **video_timings,
+        timings = {**media_timings,
                    **({"grammar_compile_ms": compile_s * 1e3} if constraint is not None else {}),
                    "submit_ms": (time.perf_counter() - t0) * 1e3}
         return Work(prepared=prepared, keys=keys, prompt=prompt, images=images, result_key=result_key,
@@ -359,28 +333,6 @@ class VLModelService:
             self.scheduler.wake()
         return True
 
-    @contextlib.contextmanager
-    def decode_turn(self):
-        """One of the VL_MEDIA_DECODES turns to decode an image or a clip; waiting longer than
-        VL_QUEUE_TIMEOUT_S for one is a 503 `queue_timeout`, like waiting for a slot."""
-        if not self._decoding.acquire(timeout=self.settings.queue_timeout_s):
-            raise QueueTimeout(f"no turn to decode the media within {self.settings.queue_timeout_s:g} s; retry later",
-                               retry_after=self.retry_after())
-        try:
-            yield
-        finally:
-            self._decoding.release()
-
-    def _video(self, clip: VideoInput) -> vid.PreparedVideo:
-        """Decode, sample and preprocess one clip (bad input: an APIError naming its part)."""
-        try:
-            with self.decode_turn():
-                return vid.load(clip.data, self.video_spec, self.video_limits, clip.fps, clip.max_frames,
-                                clip.max_pixels or self.settings.video_frame_pixels(clip.detail), clip.min_frames)
-        except APIError as exc:
-            exc.param = exc.param or clip.param
-            raise
-
     def _check_sampling(self, s: Sampling) -> None:
         if not 1 <= s.max_tokens <= self.settings.max_tokens_cap:
             raise InvalidRequest(f"`max_tokens` must be between 1 and {self.settings.max_tokens_cap}, "
@@ -388,26 +340,6 @@ class VLModelService:
 
     def retry_after(self) -> int:
         return max(1, int(round(self.last_timings.get("total_ms", 5000) / 1000)))
-
-    def _prompt(self, messages: list, prepared: list, tools: list | None = None):
-        chat, it = [], iter(prepared)
-        for m in messages:
-            calls = {"tool_calls": [{"type": "function", "function": c} for c in m.tool_calls]} if m.tool_calls else {}
-            if all(isinstance(p, str) for p in m.parts):
-                chat.append({"role": m.role, "content": "".join(m.parts), **calls})
-                continue
-            content = []
-            for p in m.parts:
-                if isinstance(p, (ImageInput, VideoInput)):
-                    next(it)
-                    content.append({"type": "image" if isinstance(p, ImageInput) else "video"})
-                else:
-                    content.append({"type": "text", "text": p})
-            chat.append({"role": m.role, "content": content, **calls})
-        images = [p for p in prepared if not isinstance(p, vid.PreparedVideo)]
-        videos = [(vid.placeholder(p), p.grid_thw) for p in prepared if isinstance(p, vid.PreparedVideo)]
-        return build_prompt(self.tokenizer, chat, [p.num_tokens for p in images], [p.grid_thw for p in images],
-                            videos, tools=tools or None)
 
     # ----------------------------------------------------------------- called by the scheduler
     def features(self, gen: Generation, timings: dict, needed: list) -> list:
@@ -514,16 +446,6 @@ class VLModelService:
             "last_timings": self.last_timings, "counters": self.counters.snapshot(),
             "encoder_calls": self.encoder_calls,
         }
-
-
-def media_tokens(prepared: list) -> dict:
-    """`image_tokens` always, and `video_tokens` / `video_frames` when the request has a video."""
-    videos = [p for p in prepared if isinstance(p, vid.PreparedVideo)]
-    out = {"image_tokens": sum(p.num_tokens for p in prepared if not isinstance(p, vid.PreparedVideo))}
-    if videos:
-        out["video_tokens"] = sum(p.num_tokens for p in videos)
-        out["video_frames"] = sum(len(p.frame_indices) for p in videos)
-    return out
 
 
 def load_service(settings: Settings | None = None, start: bool = True) -> VLModelService:

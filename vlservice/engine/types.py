@@ -71,10 +71,6 @@ class ChatRequest:
     id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex[:24])
 
     @property
-    def images(self) -> list:
-        return [p for m in self.messages for p in m.parts if isinstance(p, ImageInput)]
-
-    @property
     def media(self) -> list:
         """Images and videos in prompt order (their features go into the prompt in this order)."""
         return [p for m in self.messages for p in m.parts if isinstance(p, (ImageInput, VideoInput))]

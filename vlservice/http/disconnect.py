@@ -3,10 +3,10 @@
 A Gunicorn gthread worker notices a closed connection only when it writes to it: a streamed answer
 between two tokens, but a non-streamed one never, since nothing is written until the whole answer
 is there; and a stream waiting in the queue or in a long prefill only at its next ping. The model
-would go on working for nobody, holding the lock that queued requests wait for. So while a
+would go on working for nobody, holding a batch slot that queued requests wait for. So while a
 generation runs, a small watcher looks at the client's socket a few times a second and cancels
-the generation as soon as the peer has closed it; the engine then stops within a token and frees
-the model.
+the generation as soon as the peer has closed it; the scheduler then drops it within a step and
+frees its slot.
 
 The socket comes from the WSGI environ (`gunicorn.socket`); where there is none (Flask's test
 client, another server) nothing is watched and a generation runs to its end as before.
@@ -19,7 +19,7 @@ import socket
 import threading
 from contextlib import contextmanager
 
-CHECK_EVERY_S = 0.2  # how often the watcher looks: the model is free again within about this long
+CHECK_EVERY_S = 0.2  # how often the watcher looks: the slot is free again within about this long
 
 
 def peer_closed(sock: socket.socket) -> bool:

@@ -19,7 +19,7 @@ from ..protocol import load_body, parse_chat
 from ..protocol.answers import (AssistantReply, ChatCompletion, ChatCompletionCancel, ChatCompletionChunk, Choice,
                                 ChoiceLogprobs, ChunkChoice, Delta, Grounding, Model, ModelList, ToolCall,
                                 ToolCallDelta, answer)
-from .context import current
+from .appstate import current
 from .disconnect import cancel_on_disconnect, watch_stream
 from .session import session_key
 

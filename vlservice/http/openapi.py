@@ -153,28 +153,41 @@ def _error(desc: str, retry_after: bool = False) -> dict:
     return resp
 
 
-def _paths(settings) -> dict:
-    auth = bool(settings.api_key.strip(", "))
-    security = [{"bearerAuth": []}] if auth else []
-    unauthorized = _error("missing or wrong API key (`invalid_api_key`); only when the server has an API key "
-                          "configured (VL_API_KEY)")
+_UNAUTHORIZED = ("missing or wrong API key (`invalid_api_key`); only when the server has an API key "
+                 "configured (VL_API_KEY)")
+
+_CHAT_PARAMETERS = [
+    {"name": "X-Request-Priority", "in": "header", "required": False,
+     "description": "queue priority: interactive, default or batch (interactive is served first); any other "
+                    "value means default",
+     "schema": {"type": "string", "examples": ["interactive", "default", "batch"]}},
+    {"name": "X-Session-Id", "in": "header", "required": False,
+     "description": "the conversation's session key: a load balancer hashes it onto one replica "
+                    "(README, Several replicas); echoed in the answer",
+     "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"}}]
+
+_CHAT_HEADERS = {
+    "X-Request-Id": {"description": "the request id, usable with the cancel operation", "schema": {"type": "string"}},
+    "X-Queue-Position": {"description": "requests ahead of this one when it was queued",
+                         "schema": {"type": "string", "pattern": "^[0-9]+$"}},
+    "X-Session-Id": {"description": "the session key: the request's X-Session-Id header, else its `user` field",
+                     "schema": {"type": "string"}},
+    "X-Served-By": {"description": "the replica that answered (VL_REPLICA_NAME or its host name)",
+                    "schema": {"type": "string"}}}
+
+
+def _chat(settings, security: list) -> dict:
+    """POST /v1/chat/completions."""
     example = {"model": "qwen3-vl", "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": _example_image_url(), "detail": "low"}},
         {"type": "text", "text": "Describe this image."}]}]}
-    chat = {
+    return {
         "operationId": "createChatCompletion", "tags": ["chat"], "security": security,
         "summary": "Answer a question about images (OpenAI Chat Completions)",
         "description": "Validated before any model work. Up to "
                        f"{settings.queue_size} requests wait for the model (for at most {settings.queue_timeout_s:g} "
                        "s); beyond that the server answers 429 at once.",
-        "parameters": [{"name": "X-Request-Priority", "in": "header", "required": False,
-                        "description": "queue priority: interactive, default or batch (interactive is served "
-                                       "first); any other value means default",
-                        "schema": {"type": "string", "examples": ["interactive", "default", "batch"]}},
-                       {"name": "X-Session-Id", "in": "header", "required": False,
-                        "description": "the conversation's session key: a load balancer hashes it onto one replica "
-                                       "(README, Several replicas); echoed in the answer",
-                        "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"}}],
+        "parameters": _CHAT_PARAMETERS,
         "requestBody": {"required": True, "content": {JSON: {
             "schema": {"$ref": REF.format(model="ChatCompletionRequest")},
             "examples": {"image": {"summary": "one image, one question", "value": example},
@@ -182,20 +195,12 @@ def _paths(settings) -> dict:
                              **example, "stream": True, "stream_options": {"include_usage": True}}}}}}},
         "responses": {
             "200": {"description": "the answer: JSON, or server-sent events when `stream` is true",
-                    "headers": {"X-Request-Id": {"description": "the request id, usable with the cancel operation",
-                                                 "schema": {"type": "string"}},
-                                "X-Queue-Position": {"description": "requests ahead of this one when it was queued",
-                                                     "schema": {"type": "string", "pattern": "^[0-9]+$"}},
-                                "X-Session-Id": {"description": "the session key: the request's X-Session-Id "
-                                                                "header, else its `user` field",
-                                                 "schema": {"type": "string"}},
-                                "X-Served-By": {"description": "the replica that answered (VL_REPLICA_NAME or "
-                                                               "its host name)", "schema": {"type": "string"}}},
+                    "headers": _CHAT_HEADERS,
                     "content": {JSON: {"schema": {"$ref": REF.format(model="ChatCompletion")}},
                                 SSE: {"schema": {"$ref": REF.format(model="ServerSentEvent")}}}},
             "400": _error("invalid request: bad JSON, a field out of range or of the wrong type, a bad image, too "
                           "many images, context length exceeded"),
-            "401": unauthorized,
+            "401": _error(_UNAUTHORIZED),
             "413": _error(f"the request body is larger than {settings.max_request_bytes} bytes"),
             "429": _error("the wait queue is full (`server_busy`): retry later", retry_after=True),
             "499": _error("cancelled (POST .../{id}/cancel) before a non-streamed answer was complete"),
@@ -203,27 +208,39 @@ def _paths(settings) -> dict:
                           "(`queue_timeout`)", retry_after=True),
         },
     }
-    cancel = {
+
+
+def _cancel(security: list) -> dict:
+    """POST /v1/chat/completions/{id}/cancel."""
+    return {
         "operationId": "cancelChatCompletion", "tags": ["chat"], "security": security,
         "summary": "Cancel a running or queued request by its id (the `id` of its answer / X-Request-Id)",
         "parameters": [{"name": "id", "in": "path", "required": True,
                         "schema": {"type": "string", "minLength": 1, "pattern": "^[A-Za-z0-9_-]+$"}}],
         "responses": {"200": _json("cancelled: the generation stops within a token", "ChatCompletionCancel"),
-                      "401": unauthorized,
+                      "401": _error(_UNAUTHORIZED),
                       "404": _error("no running request with this id (finished or unknown)")},
     }
 
-    def get(op_id: str, summary: str, ok: dict, tag: str = "operations", **more: Any) -> dict:
-        """A GET operation; public unless `tag` is an API one (then behind the key like /v1/*)."""
-        responses = {"200": ok, **more}
-        if tag != "operations":
-            responses["401"] = unauthorized
-        return {"get": {"operationId": op_id, "tags": [tag], "summary": summary,
-                        "security": security if tag != "operations" else [], "responses": responses}}
+
+def _get(security: list, op_id: str, summary: str, ok: dict, tag: str = "operations", **more: Any) -> dict:
+    """A GET operation; public unless `tag` is an API one (then behind the key like /v1/*)."""
+    responses = {"200": ok, **more}
+    if tag != "operations":
+        responses["401"] = _error(_UNAUTHORIZED)
+    return {"get": {"operationId": op_id, "tags": [tag], "summary": summary,
+                    "security": security if tag != "operations" else [], "responses": responses}}
+
+
+def _paths(settings) -> dict:
+    security = [{"bearerAuth": []}] if settings.api_key.strip(", ") else []
+
+    def get(*args: Any, **kwargs: Any) -> dict:
+        return _get(security, *args, **kwargs)
 
     return {
-        "/v1/chat/completions": {"post": chat},
-        "/v1/chat/completions/{id}/cancel": {"post": cancel},
+        "/v1/chat/completions": {"post": _chat(settings, security)},
+        "/v1/chat/completions/{id}/cancel": {"post": _cancel(security)},
         "/v1/models": get("listModels", "The one model served", _json("the model", "ModelList"), tag="models"),
         "/healthz": get("health", "Liveness: the process answers (200 while the model loads too)",
                         _json("alive", "Health")),

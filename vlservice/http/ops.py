@@ -7,7 +7,7 @@ import os
 
 from flask import Blueprint, Response, current_app, render_template
 
-from .context import current
+from .appstate import current
 from ..demo.prompts import presets
 from ..errors import NotReady
 

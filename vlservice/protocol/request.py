@@ -108,11 +108,36 @@ def _num(lo, hi, description: str, *, gt: bool = False):
                                                                                description=description)
 
 
+def _check_counts(request, settings: Settings) -> None:
+    """At most VL_MAX_IMAGES images and VL_MAX_VIDEOS videos in the request, and no clip asking for
+    more than VL_MAX_VIDEO_FRAMES frames (the error names the first part over the bound)."""
+    max_images, max_videos, max_frames = settings.max_images, settings.max_videos, settings.max_video_frames
+    images = [f"messages[{i}].content[{j}]" for i, m in enumerate(request.messages) if isinstance(m.content, list)
+              for j, p in enumerate(m.content) if isinstance(p, ImagePart)]
+    if len(images) > max_images:
+        raise PydanticCustomError("too_many_images", f"at most {max_images} images per request, got "
+                                  f"{len(images)}", {"param": images[max_images]})
+    videos = [(f"messages[{i}].content[{j}]", p) for i, m in enumerate(request.messages)
+              if isinstance(m.content, list) for j, p in enumerate(m.content)
+              if isinstance(p, (VideoPart, InputVideoPart))]
+    if len(videos) > max_videos:
+        raise PydanticCustomError("too_many_videos", f"at most {max_videos} videos per request, got "
+                                  f"{len(videos)}", {"param": videos[max_videos][0]})
+    for where, part in videos:
+        inner = part.video_url if isinstance(part, VideoPart) else None
+        key = "video_url" if inner is not None else "input_video"
+        for name, value in ((f"{where}.max_frames", part.max_frames),
+                            (f"{where}.{key}.max_frames", inner and inner.max_frames)):
+            if value is not None and value > max_frames:
+                raise PydanticCustomError("invalid_value", f"`{name}` must be between 4 and {max_frames}, "
+                                          f"got {value}", {"param": name})
+
+
 @lru_cache(maxsize=16)
 def request_model(settings: Settings) -> type[BaseModel]:
     """The request model with this server's bounds (built once per `Settings`)."""
+    # Over 60 lines: the class body is the API's field declarations, read best as one list.
     cap, default_max, max_images = settings.max_tokens_cap, settings.default_max_tokens, settings.max_images
-    max_videos, max_frames = settings.max_videos, settings.max_video_frames
 
     class ChatCompletionRequest(_In):
         """OpenAI Chat Completions request. Fields this server does not know are ignored; the known
@@ -185,25 +210,7 @@ def request_model(settings: Settings) -> type[BaseModel]:
             if not any(m.role == "user" for m in self.messages):
                 raise PydanticCustomError("invalid_value", "`messages` must contain at least one user message",
                                           {"param": "messages"})
-            images = [f"messages[{i}].content[{j}]" for i, m in enumerate(self.messages) if isinstance(m.content, list)
-                      for j, p in enumerate(m.content) if isinstance(p, ImagePart)]
-            if len(images) > max_images:
-                raise PydanticCustomError("too_many_images", f"at most {max_images} images per request, got "
-                                          f"{len(images)}", {"param": images[max_images]})
-            videos = [(f"messages[{i}].content[{j}]", p) for i, m in enumerate(self.messages)
-                      if isinstance(m.content, list) for j, p in enumerate(m.content)
-                      if isinstance(p, (VideoPart, InputVideoPart))]
-            if len(videos) > max_videos:
-                raise PydanticCustomError("too_many_videos", f"at most {max_videos} videos per request, got "
-                                          f"{len(videos)}", {"param": videos[max_videos][0]})
-            for where, part in videos:
-                inner = part.video_url if isinstance(part, VideoPart) else None
-                key = "video_url" if inner is not None else "input_video"
-                for name, value in ((f"{where}.max_frames", part.max_frames),
-                                    (f"{where}.{key}.max_frames", inner and inner.max_frames)):
-                    if value is not None and value > max_frames:
-                        raise PydanticCustomError("invalid_value", f"`{name}` must be between 4 and {max_frames}, "
-                                                  f"got {value}", {"param": name})
+            _check_counts(self, settings)
             _check_media(self, settings)
             check_tools(self)
             if self.top_logprobs and not self.logprobs:

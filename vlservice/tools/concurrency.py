@@ -20,101 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-from .services import free_port
+from .harness import Server, md_table, sse_chunks, start_report
 
 log = logging.getLogger(__name__)
-
-ROOT = Path(__file__).resolve().parents[2]
-FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
-
-
-def cpu_info(threads: int) -> dict:
-    """The CPU this ran on: model name, the flags that matter for these kernels, threads."""
-    from ..obs.cpu import cpu_model_and_flags
-
-    model, flags = cpu_model_and_flags()
-    return {"model": model, "flags": [f for f in FLAGS if f in flags], "threads": threads,
-            "logical_cpus": os.cpu_count()}
-
-
-class Server:
-    """The real server, started as users start it, for one configuration."""
-
-    ready_path = "/readyz"
-
-    def __init__(self, env: dict, log_path: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        full = {**os.environ, **env, "VL_BIND": f"127.0.0.1:{self.port}", "VL_ACCESS_LOG": ""}
-        self.log = open(log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "wsgi:app"],
-                                     cwd=ROOT, env=full, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-
-    def wait_ready(self, timeout: float = 1800) -> None:
-        import requests
-
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode}; see {self.log.name}")
-            try:
-                if requests.get(self.url + self.ready_path, timeout=5).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(1)
-        raise RuntimeError("the server did not become ready")
-
-    def peak_rss_mb(self) -> float | None:
-        """The largest peak resident set (VmHWM) among the server's processes, MB: Gunicorn's worker
-        (the preloaded model's pages counted in it), a peer's single process. None once it has exited."""
-        import psutil
-
-        try:
-            procs = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return None
-        peaks = []
-        for p in procs:
-            try:
-                with open(f"/proc/{p.pid}/status") as f:
-                    peaks += [int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:")]
-            except OSError:
-                continue
-        return round(max(peaks), 0) if peaks else None
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(60)
-        except ProcessLookupError:
-            pass  # it had already exited
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.log.close()
-
-
-def sse_chunks(response):
-    """The parsed `data:` chunks of a streamed chat completion; an error chunk raises."""
-    response.raise_for_status()
-    for line in response.iter_lines():
-        if not line.startswith(b"data: ") or line == b"data: [DONE]":
-            continue
-        chunk = json.loads(line[6:])
-        if "error" in chunk:
-            raise RuntimeError(chunk["error"])
-        yield chunk
-
 
 def stream(url: str, image: bytes, prompt: str, tokens: int, t0: float, answering=None, extra=None) -> dict:
     """One streaming request; token arrival times relative to `t0`. `answering` (a semaphore, if
@@ -400,10 +314,9 @@ def peer_table(report: dict) -> list:
     the widest level's streams (aggregate and longest gap), the largest process's peak RSS."""
     batch = max(report["levels"])
     answers = [k for k in ANSWER_TOKENS if k <= report["tokens"]]
-    lines = ["| server | weights | first token s | decode tok/s | "
-             + " | ".join(f"{k}-token answer s" for k in answers)
-             + f" | {batch} streams: aggregate tok/s | {batch} streams: longest gap s | peak RSS MB |",
-             "|---" * (7 + len(answers)) + "|"]
+    headers = ["server", "weights", "first token s", "decode tok/s", *(f"{k}-token answer s" for k in answers),
+               f"{batch} streams: aggregate tok/s", f"{batch} streams: longest gap s", "peak RSS MB"]
+    table = []
     for llm in dict.fromkeys(p["peer_of"] for p in report["peers"].values()):
         rows = [(f"vlservice {llm}", OURS_WEIGHTS.get(llm, llm), "float32 prepacked" if llm == "float32" else llm,
                  f"{llm} VL_MAX_BATCH={batch}")]
@@ -414,59 +327,59 @@ def peer_table(report: dict) -> list:
             cells = [one.get("ttft_s", ""), one.get("decode_tps", ""), *(one.get(f"answer_{k}_s", "") for k in answers),
                      level.get("aggregate_tps", ""), level.get("max_gap_s", ""),
                      report.get("peak_rss_mb", {}).get(run_key, "")]
-            lines.append(f"| {label} | {weights} | " + " | ".join(str(c) for c in cells) + " |")
-    return lines
+            table.append([label, weights, *cells])
+    return md_table(headers, table)
 
 
 def markdown(report: dict) -> str:
     cpu = report["cpu"]
     lines = [f"*{cpu['model']} ({', '.join(cpu['flags']) or 'no AVX-512'}), {cpu['threads']} threads, "
              f"{report['limits']['bandwidth_gb_s']} GB/s measured in this run; {report['tokens']} tokens per stream, "
-             f"starts {report['stagger_s']} s apart, a new photo per request.*", "",
-             "| LLM | VL_MAX_BATCH | streams | aggregate decode tok/s | per-stream tok/s (median) | first token p50 s "
-             "| first token p95 s | longest gap s | aggregate vs VL_MAX_BATCH=1 |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"starts {report['stagger_s']} s apart, a new photo per request.*", ""]
     if report.get("peers"):
         lines[1:1] = ["", f"Beside the peers (one stream: medians of {SINGLE_RUNS}; the same client, images and "
                       "forced token counts; peak RSS: the largest process's VmHWM, Gunicorn's worker for ours):",
                       "", *peer_table(report), "", "Every level:"]
-    runs = report["runs"]
+    runs, levels = report["runs"], []
     for run in runs.values():
         base = runs.get(f"{run.get('peer_of', run['llm'])} VL_MAX_BATCH=1", {}).get("levels", {})
         for n, row in run["levels"].items():
             if "aggregate_tps" not in row:
-                lines.append(f"| {run['llm']} | {run['max_batch']} | {n} | failed: {row.get('errors')} | | | | | |")
+                levels.append([run["llm"], run["max_batch"], n, f"failed: {row.get('errors')}"])
                 continue
             ratio = row["aggregate_tps"] / base[n]["aggregate_tps"] if base.get(n, {}).get("aggregate_tps") else None
-            lines.append(f"| {run['llm']} | {run['max_batch']} | {n} | {row['aggregate_tps']} | {row['stream_tps_median']} "
-                         f"| {row['ttft_p50_s']} | {row['ttft_p95_s']} | {row['max_gap_s']} "
-                         f"| {'%.2fx' % ratio if ratio else ''} |")
+            levels.append([run["llm"], run["max_batch"], n, row["aggregate_tps"], row["stream_tps_median"],
+                           row["ttft_p50_s"], row["ttft_p95_s"], row["max_gap_s"], "%.2fx" % ratio if ratio else ""])
+    lines += md_table(["LLM", "VL_MAX_BATCH", "streams", "aggregate decode tok/s", "per-stream tok/s (median)",
+                       "first token p50 s", "first token p95 s", "longest gap s", "aggregate vs VL_MAX_BATCH=1"], levels)
     single = report.get("single", {})
     if single:
         plain = single.get("float32 plain", {})
-        lines += ["", f"One stream at a time (medians of {SINGLE_RUNS}; prompt = the server's prefill of image and question):",
-                  "", "| LLM | decode tok/s | prompt ms | vision encode ms | first token s | "
-                  + " | ".join(f"{k}-token answer s" for k in ANSWER_TOKENS)
-                  + " | decode vs plain float32 | prefill vs plain float32 |", "|---" * (7 + len(ANSWER_TOKENS)) + "|"]
+        rows = []
         for key, row in single.items():
             if "decode_tps" not in row:
-                lines.append(f"| {key} | failed: {row.get('errors')} |" + " |" * (5 + len(ANSWER_TOKENS)))
+                rows.append([key, f"failed: {row.get('errors')}"])
                 continue
             dr = row["decode_tps"] / plain["decode_tps"] if plain.get("decode_tps") else None
             pr = plain["prompt_ms"] / row["prompt_ms"] if plain.get("prompt_ms") and row["prompt_ms"] else None
             encode = "(in prompt)" if row["vision_encode_ms"] is None else row["vision_encode_ms"]
-            answers = " | ".join(str(row.get(f"answer_{k}_s", "")) for k in ANSWER_TOKENS)
-            lines.append(f"| {key} | {row['decode_tps']} | {row['prompt_ms']} | {encode} | {row['ttft_s']} | {answers} "
-                         f"| {'%.2fx' % dr if dr else ''} | {'%.2fx' % pr if pr else ''} |")
+            rows.append([key, row["decode_tps"], row["prompt_ms"], encode, row["ttft_s"],
+                         *(row.get(f"answer_{k}_s", "") for k in ANSWER_TOKENS),
+                         "%.2fx" % dr if dr else "", "%.2fx" % pr if pr else ""])
+        lines += ["", f"One stream at a time (medians of {SINGLE_RUNS}; prompt = the server's prefill of image and question):",
+                  "", *md_table(["LLM", "decode tok/s", "prompt ms", "vision encode ms", "first token s",
+                                 *(f"{k}-token answer s" for k in ANSWER_TOKENS), "decode vs plain float32",
+                                 "prefill vs plain float32"], rows)]
     for name, h in report.get("peer_first_request", {}).items():  # not in the rows above: a warm-up request
         lines += ["", f"{name}: loaded in {h.get('load_s')} s; its first request (kernels compiled then, "
                   f"not measured above): first token {h.get('first_token_s')} s, done in {h.get('first_request_s')} s"]
     if report["scenarios"]:
-        lines += ["", "| LLM | lone request first token s | beside three streams s | ratio | document first token s "
-                  "| a stream's longest gap while the document is read s | median gap then s |", "|---|---|---|---|---|---|---|"]
-        for llm, s in report["scenarios"].items():
-            lines.append(f"| {llm} | {s['lone_ttft_s']} | {s['ttft_beside_three_streams_s']} | {s['ttft_ratio']}x "
-                         f"| {s['doc_ttft_s']} | {s['stream_max_gap_during_doc_s']} | {s['stream_median_gap_during_doc_s']} |")
+        lines += ["", *md_table(["LLM", "lone request first token s", "beside three streams s", "ratio",
+                                 "document first token s", "a stream's longest gap while the document is read s",
+                                 "median gap then s"],
+                                [[llm, s["lone_ttft_s"], s["ttft_beside_three_streams_s"], f"{s['ttft_ratio']}x",
+                                  s["doc_ttft_s"], s["stream_max_gap_during_doc_s"], s["stream_median_gap_during_doc_s"]]
+                                 for llm, s in report["scenarios"].items()])]
     return "\n".join(lines) + "\n"
 
 
@@ -498,27 +411,6 @@ def chart(report: dict, path: Path) -> None:
     cv2.putText(img, f"aggregate decode tok/s (max {top_val:.1f}) vs concurrent streams", (left, 25),
                 cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 1, cv2.LINE_AA)
     cv2.imwrite(str(path), img)
-
-
-def start_report(args) -> tuple:
-    """Logging, settings, the output folder, the checkpoint, and a report that names the machine:
-    (settings, model folder, report)."""
-    from ..config import Settings
-    from .bench import machine_limits
-    from .workloads import bench_model
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings.from_env()
-    args.out.mkdir(parents=True, exist_ok=True)
-    model_dir, _ = bench_model(settings.cache_path, args.quick)
-    return settings, model_dir, {"cpu": cpu_info(settings.num_threads), **run_record(),
-                                 "limits": machine_limits(settings.num_threads, args.quick)}
-
-
-def run_record() -> dict:
-    """When and by which command a report was made (every committed number names both)."""
-    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "command": "python -m vlservice " + " ".join(sys.argv[1:])}
 
 
 def _openvino_env() -> int:

@@ -138,29 +138,30 @@ def measure(model_dir: Path, cache_dir: Path, batches: list, tokens: int, llm: s
 
 
 def markdown(report: dict) -> str:
+    from .harness import md_table
+
     c = report["results"]["compile"]
     lines = [f"# What constraints cost ({report['llm']} LLM)", "",
-             f"CPU: {report['cpu'].get('model', '?')} ({report['cpu'].get('flags', '')}); {report['date']}; "
+             f"CPU: {report['cpu'].get('model', '?')} ({', '.join(report['cpu'].get('flags', []))}); {report['date']}; "
              f"`{report['command']}`", "",
              f"Vocabulary {c['vocab']:,}; the tokenizer in llguidance's form: {c['tokenizer_ms']} ms (once, as the "
              "service starts).", "",
-             "| grammar | schema to grammar ms | cold compile ms | cached ms |", "|---|---|---|---|"]
-    lines += [f"| {name} | {g['schema_to_grammar_ms']} | {g['compile_ms']} | {g['cached_ms']} |"
-              for name, g in c["grammars"].items()]
+             *md_table(["grammar", "schema to grammar ms", "cold compile ms", "cached ms"],
+                       [[name, g["schema_to_grammar_ms"], g["compile_ms"], g["cached_ms"]]
+                        for name, g in c["grammars"].items()])]
     m = c["mask"]
     lines += ["", f"Mask on one row of {m['row']:,} logits along a {m['tokens']}-token receipt: median "
-                  f"{m['median_ms']} ms, p90 {m['p90_ms']} ms per token.", "",
-              "| batch | step ms, no constraint | step ms, all constrained | masks ms per step | share of the step |",
-              "|---|---|---|---|---|"]
-    for b, r in report["results"]["batches"].items():
-        share = r["mask_share_of_step"]
-        lines.append(f"| {b} | {r['plain']['cycle_ms']} | {r['constrained']['cycle_ms']} | "
-                     f"{r['constrained']['mask_ms_per_step']} | {'' if share is None else f'{share:.2%}'} |")
+                  f"{m['median_ms']} ms, p90 {m['p90_ms']} ms per token.", ""]
+    rows = [[b, r["plain"]["cycle_ms"], r["constrained"]["cycle_ms"], r["constrained"]["mask_ms_per_step"],
+             "" if r["mask_share_of_step"] is None else f"{r['mask_share_of_step']:.2%}"]
+            for b, r in report["results"]["batches"].items()]
+    lines += md_table(["batch", "step ms, no constraint", "step ms, all constrained", "masks ms per step",
+                       "share of the step"], rows)
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
-    from .concurrency import start_report
+    from .harness import start_report
 
     ap = argparse.ArgumentParser(prog="python -m vlservice bench --constraints", description=__doc__.split("\n\n")[0])
     ap.add_argument("--llm", default="float32", help="float32, int8 or int4")

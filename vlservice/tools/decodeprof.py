@@ -289,37 +289,38 @@ def measure_llm(model_dir: Path, llm: str, batches: list, reps: int, tokens: int
 
 
 def markdown(report: dict) -> str:
+    from .harness import md_table
+
     cpu = report["cpu"]
     lines = [f"*{cpu['model']} ({', '.join(cpu['flags']) or 'no AVX-512'}), {cpu['threads']} threads, "
              f"{report['limits']['bandwidth_gb_s']} GB/s measured in this run; caches of {CONTEXT} positions; "
              f"medians of {report['reps']} steps (service: the mean scheduler cycle over {report['tokens']}-token "
-             "answers).*", "",
-             "| LLM | batch | kernels (floor) ms | attention ms | other ms | lean step ms | service forward ms "
-             "| service cycle ms | floor / service | tok/s per stream | tok/s all streams |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "answers).*", ""]
+    rows = []
     for llm, result in report["llms"].items():
         for b, r in result["batches"].items():
             s = r["service"]
             cycle = s.get("cycle_ms")
-            lines.append(f"| {llm} | {b} | {r['kernels_ms']} | {r['attention_ms']} | {r['other_ms']} | {r['lean_step_ms']} "
-                         f"| {s.get('forward_ms', '')} | {cycle or ''} | {'%.0f%%' % (100 * r['floor_share']) if cycle else ''} "
-                         f"| {'%.1f' % (1e3 / cycle) if cycle else ''} | {'%.1f' % (int(b) * 1e3 / cycle) if cycle else ''} |")
+            rows.append([llm, b, r["kernels_ms"], r["attention_ms"], r["other_ms"], r["lean_step_ms"],
+                         s.get("forward_ms", ""), cycle or "", "%.0f%%" % (100 * r["floor_share"]) if cycle else "",
+                         "%.1f" % (1e3 / cycle) if cycle else "", "%.1f" % (int(b) * 1e3 / cycle) if cycle else ""])
+    lines += md_table(["LLM", "batch", "kernels (floor) ms", "attention ms", "other ms", "lean step ms",
+                       "service forward ms", "service cycle ms", "floor / service", "tok/s per stream",
+                       "tok/s all streams"], rows)
     refs = {"float32": "plain nn.Linear weights", "int8": "seven separate INT8 products per layer",
             "int4": "float32 (plain nn.Linear weights)"}
     checks = [(llm, r["parity"]) for llm, r in report["llms"].items() if r["parity"]]
     if checks:
-        lines += ["", "Answers against the reference (a 64-token text prompt, greedy):", "",
-                  "| LLM | reference | greedy tokens identical | logits max abs diff | relative to max logit | logits std "
-                  "| bitwise equal |", "|---|---|---|---|---|---|---|"]
-        for llm, c in checks:
-            lines.append(f"| {llm} | {refs.get(llm, '')} | {c['identical_tokens']} of {c['tokens']} | "
-                         f"{c['logits_max_abs_diff']:.3g} | {c['logits_max_rel_diff']:.3g} | {c['logits_std']:.3g} "
-                         f"| {c['bitwise_equal']} |")
+        lines += ["", "Answers against the reference (a 64-token text prompt, greedy):", "", *md_table(
+            ["LLM", "reference", "greedy tokens identical", "logits max abs diff", "relative to max logit",
+             "logits std", "bitwise equal"],
+            [[llm, refs.get(llm, ""), f"{c['identical_tokens']} of {c['tokens']}", f"{c['logits_max_abs_diff']:.3g}",
+              f"{c['logits_max_rel_diff']:.3g}", f"{c['logits_std']:.3g}", c["bitwise_equal"]] for llm, c in checks])]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
-    from .concurrency import start_report
+    from .harness import start_report
 
     ap = argparse.ArgumentParser(prog="python -m vlservice bench --decode", description=__doc__.split("\n\n")[0])
     ap.add_argument("--llm", default="float32,int8,int4", help="comma-separated: float32, int8, int4")

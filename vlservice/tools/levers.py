@@ -124,14 +124,15 @@ def run(runs: int, quick: bool) -> dict:
 
 
 def markdown(report: dict) -> str:
+    from .harness import md_table
+
     base = report["summary"]["default"]
-    lines = ["| setting | first token s | 32-token answer s | decode tok/s | vision ms | peak RSS MiB | answer vs default |",
-             "|---|---|---|---|---|---|---|"]
-    for name, r in report["summary"].items():
-        lines.append(f"| {name} | {r['ttft_ms'] / 1e3:.2f} | {r['total_ms'] / 1e3:.2f} | {r['decode_tps']:.2f} | "
-                     f"{r['vision_ms']:.0f} | {r['peak_rss_mib']} | {base['total_ms'] / r['total_ms']:.2f}x |")
-    for name in report["missing"]:
-        lines.append(f"| {name} | not installed | | | | | |")
+    lines = md_table(["setting", "first token s", "32-token answer s", "decode tok/s", "vision ms", "peak RSS MiB",
+                      "answer vs default"],
+                     [[name, f"{r['ttft_ms'] / 1e3:.2f}", f"{r['total_ms'] / 1e3:.2f}", f"{r['decode_tps']:.2f}",
+                       f"{r['vision_ms']:.0f}", r["peak_rss_mib"], f"{base['total_ms'] / r['total_ms']:.2f}x"]
+                      for name, r in report["summary"].items()]
+                     + [[name, "not installed"] for name in report["missing"]])
     g = report["grayscale"]
     lines += ["", f"Text page decode + preprocessing: colour {g['colour']['ms']:.1f} ms ({g['colour']['bytes']} bytes), "
               f"grayscale {g['grayscale']['ms']:.1f} ms ({g['grayscale']['bytes']} bytes); "

@@ -183,32 +183,34 @@ def measure(text: dict, batches: list, reps: int, threads: int, only=None) -> di
 
 
 def markdown(report: dict) -> str:
+    from .harness import md_table
+
     cpu = report["cpu"]
     batches = report["batches"]
     base = report["steps"][next(iter(report["steps"]))]
     lines = [f"*{cpu['model']} ({', '.join(cpu['flags']) or 'no AVX-512'}), {cpu['threads']} threads; one decode "
              f"step's {report['products']} products ({report['layers']} layers' fused q/k/v, o, fused gate/up, down, "
              f"and the LM head) on {'a tiny model' if report.get('quick') else 'the real model'}'s shapes, random weights; "
-             f"medians of {report['reps']}.*", "",
-             "| weights | " + " | ".join(f"batch {b} ms | vs shipped" for b in batches) + " |",
-             "|---|" + "---|---|" * len(batches)]
+             f"medians of {report['reps']}.*", ""]
+    rows = []
     for name, row in report["steps"].items():
         if "error" in row:
-            lines.append(f"| {name} | not available here: {row['error']} |" + " |" * (2 * len(batches) - 1))
+            rows.append([name, f"not available here: {row['error']}"])
             continue
         cells = []
         for b in batches:
             ms, ref = row[str(b)], base.get(str(b))
             cells += [f"{ms:.1f}", f"{ref / ms:.2f}x" if ref and ms else ""]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        rows.append([name, *cells])
+    lines += md_table(["weights", *(h for b in batches for h in (f"batch {b} ms", "vs shipped"))], rows)
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     from ..config import Settings
-    from .bench import machine_limits
+    from .harness import machine_limits
     from .checkpoints import TINY, real_architecture
-    from .concurrency import cpu_info
+    from .harness import cpu_info
 
     ap = argparse.ArgumentParser(prog="python -m vlservice bench --lowbit", description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", default="1,4")

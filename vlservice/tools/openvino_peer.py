@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .concurrency import Server
+from .harness import Server
 
 log = logging.getLogger(__name__)
 

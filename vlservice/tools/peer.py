@@ -26,7 +26,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from .concurrency import Server
+from .harness import Server
 
 log = logging.getLogger(__name__)
 

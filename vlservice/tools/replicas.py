@@ -49,7 +49,7 @@ def ask(url: str, messages: list, session: str, tokens: int) -> dict:
     served it, its timings and the text."""
     import requests
 
-    from .concurrency import sse_chunks
+    from .harness import sse_chunks
 
     body = {"model": "x", "messages": messages, "stream": True, "stream_options": {"include_usage": True},
             "max_tokens": tokens, "min_tokens": tokens, "temperature": 0, "result_cache": False}
@@ -108,7 +108,7 @@ def one_round(url: str, photos: tuple, own: str, other: str, tokens: int) -> dic
 
 
 def measure_config(model_dir: Path, work: Path, redis_url: str | None, args) -> dict:
-    from .concurrency import Server
+    from .harness import Server
     from .services import NginxProcess
 
     env = {"VL_MODEL": str(model_dir), "VL_LLM_QUANT": "" if args.llm == "float32" else args.llm,
@@ -151,18 +151,19 @@ def photo_bytes(args, seed: int) -> bytes:
 
 
 def markdown(report: dict) -> str:
+    from .harness import md_table
+
     cpu = report["cpu"]
     lines = [f"*{cpu['model']} ({', '.join(cpu['flags']) or 'no AVX-512'}), {cpu['threads']} threads per replica, "
              f"{report['limits']['bandwidth_gb_s']} GB/s measured in this run; {report['llm']} LLM; two replicas "
              f"behind nginx (deploy/nginx), medians of {report['runs']} rounds, two new {report['photo']} photos each.*", "",
-             "| request | Redis | first token s | feature lookup ms | vision encode ms | prompt ms | tokens from KV cache |",
-             "|---|---|---|---|---|---|---|"]
-    for key, what in CASES:
-        for label in ("no-redis", "redis"):
-            row = report["configs"][label][key]
-            lines.append(f"| {what} | {'yes' if label == 'redis' else 'no'} | {row['ttft_s']:.2f} | "
-                         f"{row['cache_lookup_ms']:.1f} | {row['vision_encode_ms']:.0f} | {row['prompt_ms']:.0f} | "
-                         f"{row['cache_n']:.0f} |")
+             *md_table(["request", "Redis", "first token s", "feature lookup ms", "vision encode ms", "prompt ms",
+                        "tokens from KV cache"],
+                       [[what, "yes" if label == "redis" else "no", f"{row['ttft_s']:.2f}",
+                         f"{row['cache_lookup_ms']:.1f}", f"{row['vision_encode_ms']:.0f}", f"{row['prompt_ms']:.0f}",
+                         f"{row['cache_n']:.0f}"]
+                        for key, what in CASES for label in ("no-redis", "redis")
+                        for row in [report["configs"][label][key]]])]
     c = report["configs"]
 
     def ratio(num: tuple, den: tuple) -> float:
@@ -178,7 +179,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from .concurrency import start_report
+    from .harness import start_report
     from .services import RedisProcess
 
     ap = argparse.ArgumentParser(prog="python -m vlservice bench --replicas", description=__doc__.split("\n\n")[0])

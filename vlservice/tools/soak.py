@@ -558,7 +558,7 @@ class Managed:
         self.events: list = []
 
     def start(self) -> str:
-        from .concurrency import Server
+        from .harness import Server
         from .services import RedisProcess
 
         self.redis = RedisProcess(self.workdir).start()
@@ -701,7 +701,7 @@ class Soak:
 
     def drain(self, before: dict, limit_s: float = 60.0) -> dict | None:
         """Wait until the server has nothing queued or running and every request it accepted since
-        `before` has finished (a cancelled one may still be on its way to the lock); the last sample."""
+        `before` has finished (a cancelled one may still be on its way out of the scheduler); the last sample."""
         end = time.monotonic() + limit_s
         s = None
         while time.monotonic() < end:
@@ -845,7 +845,7 @@ class Soak:
             reasons.append("no request was sent")
         stats_keys = ("pid", "rss_bytes", "queue_depth", "busy", "cache", "kv_cache", "result_cache", "shared_cache",
                       "counters", "encoder_calls")
-        from .concurrency import cpu_info
+        from .harness import cpu_info
 
         return {
             # the machine the clients and (with --serve) the server ran on, and the command
@@ -875,62 +875,58 @@ class Soak:
 
 
 def markdown(rep: dict) -> str:
+    from .harness import md_table
+
     def f(v):
         return "-" if v is None else (f"{v:g}" if isinstance(v, float) else str(v))
 
     lines = [f"## Soak: {rep['url']} ({rep['model']}), {rep['duration_s']} s, {rep['concurrency']} clients, "
-             f"max_tokens {rep['max_tokens']}", "",
-             "| kind | sent | ok | cancelled | refused (expected) | unexpected | p50 ms | p95 ms |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for kind, k in rep["kinds"].items():
-        lines.append(f"| {kind} | {k['sent']} | {k['ok']} | {k['cancelled']} | {k['refused']} | {k['unexpected']} "
-                     f"| {f(k['p50_ms'])} | {f(k['p95_ms'])} |")
+             f"max_tokens {rep['max_tokens']}", ""]
     t = rep["totals"]
-    lines.append(f"| **total** | {t['sent']} | {t['ok']} | {t['cancelled']} | {t['expected_refusals']} "
-                 f"| {t['unexpected']} | | |")
-    lines += ["", "| outcome | count |", "| --- | ---: |"]
-    for label, n in rep["expected_refusals"].items():
-        lines.append(f"| expected: {label} | {n} |")
-    for label, n in rep["unexpected"].items():
-        lines.append(f"| **unexpected: {label}** | {n} |")
-    lines.append(f"| lost requests | {t['lost']} |")
+    kinds = [[kind, k["sent"], k["ok"], k["cancelled"], k["refused"], k["unexpected"], f(k["p50_ms"]), f(k["p95_ms"])]
+             for kind, k in rep["kinds"].items()]
+    kinds.append(["**total**", t["sent"], t["ok"], t["cancelled"], t["expected_refusals"], t["unexpected"], "", ""])
+    lines += md_table(["kind", "sent", "ok", "cancelled", "refused (expected)", "unexpected", "p50 ms", "p95 ms"],
+                      kinds, colalign=("left",) + ("right",) * 7)
+    outcomes = ([[f"expected: {label}", n] for label, n in rep["expected_refusals"].items()]
+                + [[f"**unexpected: {label}**", n] for label, n in rep["unexpected"].items()]
+                + [["lost requests", t["lost"]]])
+    lines += ["", *md_table(["outcome", "count"], outcomes, colalign=("left", "right"))]
     m, s = rep["memory"], rep["server"]
-    lines += ["", "| memory / server | value |", "| --- | ---: |",
-              f"| RSS start / end / max (MB) | {f(m['rss_start_mb'])} / {f(m['rss_end_mb'])} / {f(m['rss_max_mb'])} |",
-              f"| caches' own bytes at the end (MB) | {f(m['caches_end_mb'])} |",
-              f"| RSS slope (MB/min, {m['slope_fit']}) | {f(m['slope_mb_per_min'])} |",
-              f"| caches' slope (MB/min, same samples) | {f(m['caches_slope_mb_per_min'])} |",
-              f"| RSS less caches: slope (MB/min, the verdict's) | {f(m['unexplained_slope_mb_per_min'])} |",
-              f"| growth threshold (MB/min, RSS less caches) | < {f(m['threshold_mb_per_min'])} |",
-              f"| server: accepted / finished | {s['accepted']} / {s['finished']} |",
-              f"| /api/stats samples | {s['stats_samples']} |"]
+    rows = [["RSS start / end / max (MB)", f"{f(m['rss_start_mb'])} / {f(m['rss_end_mb'])} / {f(m['rss_max_mb'])}"],
+            ["caches' own bytes at the end (MB)", f(m["caches_end_mb"])],
+            [f"RSS slope (MB/min, {m['slope_fit']})", f(m["slope_mb_per_min"])],
+            ["caches' slope (MB/min, same samples)", f(m["caches_slope_mb_per_min"])],
+            ["RSS less caches: slope (MB/min, the verdict's)", f(m["unexplained_slope_mb_per_min"])],
+            ["growth threshold (MB/min, RSS less caches)", f"< {f(m['threshold_mb_per_min'])}"],
+            ["server: accepted / finished", f"{s['accepted']} / {s['finished']}"],
+            ["/api/stats samples", s["stats_samples"]]]
     for c in m.get("caches", {}).values():
         fill = "-" if c.get("fill") is None else f"{100 * c['fill']:.1f}%"
         used = "-" if c.get("bytes") is None else f"{c['bytes'] / MB:.1f}"
-        lines.append(f"| {c['label']} ({c['setting']}): MB / budget | {used} / {(c['capacity_bytes'] or 0) / MB:.0f} "
-                     f"({fill}, {f(c.get('entries'))} entries, {f(c.get('evictions'))} evictions) |")
+        rows.append([f"{c['label']} ({c['setting']}): MB / budget", f"{used} / {(c['capacity_bytes'] or 0) / MB:.0f} "
+                     f"({fill}, {f(c.get('entries'))} entries, {f(c.get('evictions'))} evictions)"])
     for seg in m.get("segments", []):
-        lines.append(f"| worker {seg['pid']} ({seg['start_s']}-{seg['end_s']} s, {seg['samples']} samples, "
-                     f"{seg['fit']}): RSS / caches / RSS less caches (MB/min) | {f(seg['rss_slope'])} / "
-                     f"{f(seg['caches_slope'])} / {f(seg['unexplained_slope'])} |")
+        rows.append([f"worker {seg['pid']} ({seg['start_s']}-{seg['end_s']} s, {seg['samples']} samples, "
+                     f"{seg['fit']}): RSS / caches / RSS less caches (MB/min)",
+                     f"{f(seg['rss_slope'])} / {f(seg['caches_slope'])} / {f(seg['unexplained_slope'])}"])
     for e in rep.get("events", []):
         details = ", ".join(f"{k} {v}" for k, v in e.items() if k not in ("t_s", "event"))
-        lines.append(f"| event at {e['t_s']} s | {e['event']}{': ' + details if details else ''} |")
+        rows.append([f"event at {e['t_s']} s", f"{e['event']}{': ' + details if details else ''}"])
     for w in s.get("workers", []):
-        lines.append(f"| worker {w['pid']}: accepted / finished | {w['accepted']} / {w['finished']}"
-                     + ("" if w["idle_at_last_sample"] else " (replaced while busy: its clients' outcomes count)")
-                     + " |")
+        rows.append([f"worker {w['pid']}: accepted / finished", f"{w['accepted']} / {w['finished']}"
+                     + ("" if w["idle_at_last_sample"] else " (replaced while busy: its clients' outcomes count)")])
         if w.get("shared_cache"):
-            lines.append(f"| worker {w['pid']}: shared cache (Redis) | "
-                         + ", ".join(f"{k} {v}" for k, v in w["shared_cache"].items()) + " |")
+            rows.append([f"worker {w['pid']}: shared cache (Redis)",
+                         ", ".join(f"{k} {v}" for k, v in w["shared_cache"].items())])
     after = s["after"] or {}
     for name in ("cache", "kv_cache", "result_cache"):
         c = after.get(name) or {}
         if c:
-            lines.append(f"| {name}: hits / misses / entries | {c.get('hits')} / {c.get('misses')} / "
-                         f"{c.get('entries')} |")
+            rows.append([f"{name}: hits / misses / entries", f"{c.get('hits')} / {c.get('misses')} / {c.get('entries')}"])
     for ex in rep["unexpected_examples"][:5]:
-        lines.append(f"| example: {ex['kind']} {ex['label']} | {ex['detail'][:100].replace('|', '/')} |")
+        rows.append([f"example: {ex['kind']} {ex['label']}", ex["detail"][:100].replace("|", "/")])
+    lines += ["", *md_table(["memory / server", "value"], rows, colalign=("left", "right"))]
     verdict = rep["verdict"]
     why = "; ".join(rep["reasons"]) if rep["reasons"] else (
         "no unexpected outcome, no lost request, "

@@ -108,14 +108,14 @@ def summary(rows: list, ok_finish: str) -> dict:
 
 
 def markdown(report: dict) -> str:
+    from .harness import md_table
+
     lines = ["# Structured output and forced tool calls through the openai client", "",
              f"CPU: {report['cpu'].get('model', '?')} ({', '.join(report['cpu'].get('flags', []))}); "
-             f"{report['date']}; `{report['command']}`; model: {report['model']}; seed {SEED}", "",
-             "| helper | requests | finished | valid | cut by max_tokens | median tokens | median s |",
-             "|---|---|---|---|---|---|---|"]
-    for name, s in report["results"].items():
-        lines.append(f"| {name} | {s['requests']} | {s['finished']} | {s['valid']} | {s['cut_by_max_tokens']} | "
-                     f"{s['median_tokens']} | {s['median_s']} |")
+             f"{report['date']}; `{report['command']}`; model: {report['model']}; seed {SEED}", ""]
+    keys = ("requests", "finished", "valid", "cut_by_max_tokens", "median_tokens", "median_s")
+    lines += md_table(["helper", "requests", "finished", "valid", "cut by max_tokens", "median tokens", "median s"],
+                      [[name, *(s[k] for k in keys)] for name, s in report["results"].items()])
     return "\n".join(lines) + "\n"
 
 
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     from openai import OpenAI
 
     from ..config import Settings
-    from .concurrency import Server, cpu_info, run_record
+    from .harness import Server, cpu_info, run_record
 
     ap = argparse.ArgumentParser(prog="python -m vlservice bench --structured", description=__doc__.split("\n\n")[0])
     ap.add_argument("n", type=int, nargs="?", default=200)

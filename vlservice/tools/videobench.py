@@ -104,25 +104,26 @@ def run(model_dir: Path, runs: int, tokens: int, llm: str, cache_dir: Path) -> d
 
 
 def markdown(report: dict) -> str:
+    from .harness import md_table
+
     cpu, clip = report["cpu"], report["clip"]
     lines = [f"*{cpu['model']} ({', '.join(cpu['flags']) or 'no AVX-512'}), {cpu['threads']} threads; a "
              f"{clip['seconds']} s {clip['size'][0]}x{clip['size'][1]} clip at {clip['fps']} fps ({clip['media']}, "
              f"{clip['bytes'] // 1024} KiB), frames sampled at 2 fps; {report['llm']} LLM, {report['vision']} vision; "
-             f"medians of {report['runs']} runs, caches off; decode over {report['tokens']} forced tokens.*", "",
-             "| per-frame budget | frames | video tokens | prompt tokens | decode (FFmpeg) | sample + resize + patchify "
-             "| vision encode | prefill | prefill tok/s | first token after sampling | decode tok/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"medians of {report['runs']} runs, caches off; decode over {report['tokens']} forced tokens.*", ""]
     names = {"auto": "default (`auto`, {:,} px)", "low": "224 x 224 ({:,} px)"}
-    for detail, r in report["budgets"].items():
-        lines.append(f"| {names[detail].format(r['frame_pixels'])} | {r['video_frames']} | {r['video_tokens']:,} "
-                     f"| {r['prompt_tokens']:,} | {r['video_decode_ms']:.0f} ms | {r['video_preprocess_ms']:.0f} ms "
-                     f"| {r['vision_encode_ms'] / 1e3:.2f} s | {r['prompt_ms'] / 1e3:.2f} s | {r['prefill_tps']} "
-                     f"| {r['ttft_ms'] / 1e3:.2f} s | {r['decode_tps']} |")
+    lines += md_table(["per-frame budget", "frames", "video tokens", "prompt tokens", "decode (FFmpeg)",
+                       "sample + resize + patchify", "vision encode", "prefill", "prefill tok/s",
+                       "first token after sampling", "decode tok/s"],
+                      [[names[detail].format(r["frame_pixels"]), r["video_frames"], f"{r['video_tokens']:,}",
+                        f"{r['prompt_tokens']:,}", f"{r['video_decode_ms']:.0f} ms", f"{r['video_preprocess_ms']:.0f} ms",
+                        f"{r['vision_encode_ms'] / 1e3:.2f} s", f"{r['prompt_ms'] / 1e3:.2f} s", r["prefill_tps"],
+                        f"{r['ttft_ms'] / 1e3:.2f} s", r["decode_tps"]] for detail, r in report["budgets"].items()])
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
-    from .concurrency import start_report
+    from .harness import start_report
 
     ap = argparse.ArgumentParser(prog="python -m vlservice bench --video", description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3)

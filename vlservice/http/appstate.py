@@ -1,4 +1,5 @@
-"""What the HTTP handlers share: settings, the service, the CPU sampler and the metrics."""
+"""A worker's app state, what the HTTP handlers share: settings, the service, the CPU sampler and
+the metrics; and its lifecycle (started after the fork, drained on SIGTERM)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from .remote import RemoteFetcher
 log = logging.getLogger(__name__)
 
 
-class AppContext:
+class AppState:
     def __init__(self, settings: Settings, service):
         self.settings = settings
         self.service = service
@@ -64,6 +65,6 @@ class AppContext:
         return None
 
 
-def current() -> AppContext:
-    """The current app's context (inside a request)."""
+def current() -> AppState:
+    """The current app's state (inside a request)."""
     return current_app.extensions["vlservice"]

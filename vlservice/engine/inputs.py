@@ -1,10 +1,11 @@
-"""The LLM side: chat template to tokens, vision features into the embeddings, token loop.
+"""A prompt as the language model's inputs: embeddings with the vision features in place, M-RoPE
+positions, and the image tokens' mask and deepstack features.
 
-We drive `Qwen3VLForConditionalGeneration`'s own modules (embedding, language model with its
-deepstack inputs, lm_head, `get_rope_index` for M-RoPE) instead of `model.generate`, because a
-server needs what `generate` hides: features that come from our cache or ONNX Runtime instead of
-`model.visual`, a token loop that can be cancelled between tokens, text that streams only in whole
-UTF-8 characters, stop strings, and the KV cache in our hands.
+We drive `Qwen3VLForConditionalGeneration`'s own modules (embedding, `get_rope_index` for M-RoPE)
+instead of `model.generate`, because a server needs what `generate` hides: features that come from
+our cache or ONNX Runtime instead of `model.visual`, and the KV cache in our hands. The forward
+passes are `lm.LeanLM`'s (or `ortdecode.SplitLM`'s); the scheduler (`scheduler.py`) runs the token
+loop over them.
 """
 
 from __future__ import annotations
@@ -15,20 +16,16 @@ from .prompt import Prompt
 from .vision import VisionFeatures
 
 
-class Decoder:
-    """Model-level operations on one sequence: prefill with image features, then one token at a time."""
+class ModelInputs:
+    """The model's special tokens and what the forward passes need to prefill a prompt."""
 
     def __init__(self, model, eos_ids):
         self.model = model
-        self.config = model.config
-        self.lm = model.model.language_model
         self.embed = model.model.get_input_embeddings()
-        self.lm_head = model.lm_head
         self.image_token_id = model.config.image_token_id
         self.video_token_id = model.config.video_token_id
         self.eos_ids = set(int(e) for e in eos_ids)
 
-    # ----------------------------------------------------------------- positions
     def positions(self, prompt: Prompt) -> tuple[torch.Tensor, int]:
         """(4, 1, L) position ids (text row + 3 M-RoPE rows) and the rope delta for decoding."""
         ids = torch.tensor([prompt.input_ids], dtype=torch.long)
@@ -49,7 +46,8 @@ class Decoder:
     def prefill_inputs(self, prompt: Prompt, features: list[VisionFeatures], start: int = 0):
         """What the lean forward (`lm.LeanLM`) needs to prefill `prompt` from token `start`:
         ((embeds (1, L, hidden) with the image features in place, M-RoPE positions (3, 1, L),
-        the image tokens' mask (1, L) or None, their deepstack features or None), SeqPos)."""
+        the image tokens' mask (1, L) or None, their deepstack features or None), SeqPos).
+        `features` are those of the images after `start`, in order."""
         from .lm import SeqPos
 
         all_pos, delta = self.positions(prompt)
@@ -67,39 +65,6 @@ class Decoder:
                 deepstack = [torch.from_numpy(_cat([f.deepstack[i] for f in features])).to(embeds.dtype)
                              for i in range(len(features[0].deepstack))]
         return (embeds, all_pos[1:, :, start:], mask, deepstack), SeqPos(next_pos=len(prompt), delta=delta)
-
-    # ----------------------------------------------------------------- forward passes
-    @torch.inference_mode()
-    def prefill(self, prompt: Prompt, features: list[VisionFeatures], cache, start: int = 0):
-        """Run the prompt from token `start` (the cache holds the ones before); returns the logits
-        of the next token. `features` are those of the images after `start`, in order."""
-        (embeds, mrope, mask, deepstack), at = self.prefill_inputs(prompt, features, start)
-        text_pos = torch.arange(start, len(prompt)).view(1, 1, -1)
-        pos = torch.cat([text_pos, mrope], dim=0)
-        kwargs = {} if mask is None else {"visual_pos_masks": mask, "deepstack_visual_embeds": deepstack}
-        out = self.lm(inputs_embeds=embeds, position_ids=pos, cache=cache, use_cache=True, **kwargs)
-        self._delta = at.delta
-        self._next_pos = len(prompt)
-        return self.lm_head(out.last_hidden_state[:, -1]).float()[0]
-
-    def resume(self, prompt: Prompt) -> None:
-        """Continue after `prompt` whose KV is already cached (no forward pass)."""
-        _, self._delta = self.positions(prompt)
-        self._next_pos = len(prompt)
-
-    @torch.inference_mode()
-    def step(self, token: int, cache):
-        embeds = self.embed(torch.tensor([[token]], dtype=torch.long))
-        p = self._next_pos
-        pos = torch.tensor([p, p + self._delta, p + self._delta, p + self._delta], dtype=torch.long).view(4, 1, 1)
-        out = self.lm(inputs_embeds=embeds, position_ids=pos, cache=cache, use_cache=True)
-        self._next_pos += 1
-        return self.lm_head(out.last_hidden_state[:, -1]).float()[0]
-
-    def new_cache(self):
-        from transformers import DynamicCache
-
-        return DynamicCache(config=self.config.text_config)
 
 
 def _cat(arrays):
