@@ -1,7 +1,8 @@
 // @ts-check
 /* The conversation: the composer and presets, sending a question (with the image in the first user
- * message that had it, and the JSON switch's response_format), the streamed answer (text, or tool
- * calls as call blocks; a JSON answer shown parsed once whole), stop, and the state line.
+ * message that had it, and the JSON switch's response_format or forced function call), the streamed
+ * answer (text, or tool calls as call blocks; a JSON answer shown parsed once whole), stop, and the
+ * state line.
  *
  * The state line follows the server's structured stage events (queued with its position, vision
  * encode, prefill) and then the answer's tokens; while an answer streams, the conversation region
@@ -13,7 +14,7 @@ import { createOverlay, lastImageUrl } from "./grounding.js";
 import { currentImage } from "./images.js";
 import { scheduleStats } from "./cpu.js";
 import { lang, onLanguage, presetLabel, table, tr } from "./strings.js";
-import { mergeToolCalls, renderToolCalls, responseFormat, showJsonAnswer } from "./structured.js";
+import { mergeToolCalls, renderToolCalls, showJsonAnswer, structuredRequest } from "./structured.js";
 import { fillCompact, showLatest } from "./timings.js";
 import { currentVideo, onVideoChange } from "./video.js";
 import { $, el, isNum } from "./util.js";
@@ -29,7 +30,7 @@ import { $, el, isNum } from "./util.js";
  * @property {ChatError | null} error
  * @property {Record<string, any> | null} timings
  * @property {string | null} finish the finish_reason
- * @property {boolean} json asked with the JSON switch on
+ * @property {boolean} json asked with the JSON switch on (as JSON or as a function call)
  * @property {string} jsonNote the key of the note on a JSON answer that does not parse
  * @property {import("./structured.js").ToolCall[]} toolCalls
  * @typedef {{node: HTMLElement, textNode: Text, tools: HTMLElement, notes: HTMLElement, err: HTMLElement,
@@ -186,8 +187,12 @@ function finishTurn(turn, status) {
   const a = turn.assistant;
   if (finished(a)) return;
   a.status = status;
-  // A JSON answer: the parsed object instead of the raw text, or a note why it does not parse.
-  if (a.json && status === "done" && !a.toolCalls.length) a.jsonNote = showJsonAnswer(turn.el.node, a.text, a.finish);
+  // A JSON answer: the parsed object instead of the raw text, or a note why it does not parse; one
+  // asked as a call that came as one: its call blocks.
+  if (a.json && status === "done") {
+    if (a.toolCalls.length) turn.el.node.dataset.json = "call";
+    else a.jsonNote = showJsonAnswer(turn.el.node, a.text, a.finish);
+  }
   turn.el.node.classList.remove("pending");
   turn.el.node.classList.toggle("error", status === "error");
   turn.el.node.classList.toggle("stopped", status === "stopped");
@@ -319,9 +324,9 @@ async function send() {
     return;
   }
 
-  let format;
+  let structured;
   try {
-    format = responseFormat(); // null: free text
+    structured = structuredRequest(); // null: free text
   } catch (err) {
     setState("error");
     flashComposerError(err instanceof Error ? err.message : String(err));
@@ -331,7 +336,7 @@ async function send() {
   /** @type {Turn} */
   const turn = {
     user: { text, image: null, video: null },
-    assistant: { text: "", status: "pending", error: null, timings: null, finish: null, json: !!format,
+    assistant: { text: "", status: "pending", error: null, timings: null, finish: null, json: !!structured,
                  jsonNote: "", toolCalls: [] },
     el: null,
   };
@@ -364,7 +369,7 @@ async function send() {
   setState("sending");
   try {
     const body = { model: cfg.model, messages: msgs, max_tokens: maxTokens(cfg) };
-    if (format) body.response_format = format;
+    if (structured) Object.assign(body, structured);
     const resp = await postChat(body, controller.signal);
     req.id = resp.headers.get("X-Request-Id") || null;
     if (req.stopped) {

@@ -90,6 +90,10 @@ export const STRINGS = {
     jsonCut: "(not complete JSON: the answer was cut at the max-tokens limit; raise Max tokens)",
     jsonUnparsed: "(the answer is not valid JSON; shown as text)",
     toolCall: "Tool call",
+    jsonAnswerAs: "Answer as",
+    jsonAsJson: "JSON",
+    jsonAsTool: "a function call",
+    jsonFunctionDescription: "Record what the user asks about, as arguments that follow the schema.",
     video: {
       loading: "Reading the clip…",
       notPlayable: "The browser cannot play this clip; it is sent as it is and the server decodes it.",
@@ -206,6 +210,10 @@ export const STRINGS = {
     jsonCut: "（JSON 不完整：回答已达到最大 token 数上限而被截断；请调高最大 token 数）",
     jsonUnparsed: "（回答不是有效的 JSON；按文本显示）",
     toolCall: "工具调用",
+    jsonAnswerAs: "回答形式",
+    jsonAsJson: "JSON",
+    jsonAsTool: "函数调用",
+    jsonFunctionDescription: "按 Schema 以参数形式记录用户所问的内容。",
     video: {
       loading: "正在读取视频…",
       notPlayable: "浏览器无法播放此视频；将原样发送，由服务器解码。",

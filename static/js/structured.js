@@ -1,12 +1,14 @@
 // @ts-check
 /* Structured answers: the JSON switch (a schema, or none for any JSON object; two example schemas to
- * start from), the `response_format` it adds to requests, and how the answer is shown: parsed and
- * pretty-printed, or the raw text with a note when it does not parse (cut by max_tokens). Also the
- * model's tool calls (`delta.tool_calls` fragments in the stream, `message.tool_calls` in a whole
- * answer), each shown as a call block with its name and arguments.
+ * start from; the answer asked as JSON or as a call of one function), what it adds to requests
+ * (`response_format`, or `tools` and a `tool_choice` naming the function), and how the answer is
+ * shown: parsed and pretty-printed, or the raw text with a note when it does not parse (cut by
+ * max_tokens). Also the model's tool calls (`delta.tool_calls` fragments in the stream,
+ * `message.tool_calls` in a whole answer), each shown as a call block with its name and arguments.
  *
- * The server enforces the schema with a grammar (docs/api.md, Structured output), so an answer that
- * ended normally parses; a schema it cannot use is a 400 whose message the conversation shows.
+ * The server enforces the schema with a grammar (docs/api.md, Structured output and Tool calls), so
+ * an answer that ended normally parses, and a forced call's arguments follow the schema; a schema it
+ * cannot use is a 400 whose message the conversation shows.
  */
 
 import { onLanguage, tr } from "./strings.js";
@@ -73,35 +75,54 @@ export const EXAMPLES = {
 /**
  * @typedef {{type: "json_object"} | {type: "json_schema", json_schema: {name: string, schema: object}}} ResponseFormat
  * @typedef {{id: string, type: string, name: string, arguments: string}} ToolCall
+ * @typedef {{type: "function", function: {name: string, description: string, parameters: object}}} Tool
+ * @typedef {{response_format: ResponseFormat} | {tools: Tool[], tool_choice: {type: "function", function: {name: string}}}} StructuredFields
  */
 
-/** @type {{toggle: HTMLInputElement, panel: HTMLElement, example: HTMLSelectElement, schema: HTMLTextAreaElement, error: HTMLElement}} */
+/** The function a schema is sent as when the answer is asked as a call (an example's own name otherwise). */
+export const FUNCTION_NAME = "record";
+
+/** @type {{toggle: HTMLInputElement, panel: HTMLElement, example: HTMLSelectElement, schema: HTMLTextAreaElement, error: HTMLElement, asTool: HTMLInputElement}} */
 const dom = /** @type {any} */ ({});
 let exampleName = ""; // the example last put in the textarea (its name goes with the schema)
 
 /** Whether the JSON switch is on. */
 export const jsonMode = () => dom.toggle.checked;
 
+/** How the answer is asked: as JSON (`response_format`) or as a call of one function (`tools`). */
+export const answerAs = () => (dom.asTool.checked ? "tool" : "json");
+
 /**
- * The `response_format` to send: none when the switch is off, `json_object` for an empty schema,
- * else `json_schema`. Throws an Error with a message for the user when the schema is not JSON.
- * @returns {ResponseFormat | null}
+ * What the JSON switch adds to a request: nothing when it is off; asked as JSON, a `response_format`
+ * (`json_object` for an empty schema, else `json_schema`); asked as a call, the schema as the
+ * `parameters` of one function (any object for an empty schema) and a `tool_choice` naming it, so
+ * the server forces that call. Throws an Error with a message for the user when the schema is not
+ * JSON.
+ * @returns {StructuredFields | null}
  */
-export function responseFormat() {
+export function structuredRequest() {
   hideError();
   if (!jsonMode()) return null;
   const text = dom.schema.value.trim();
-  if (!text) return { type: "json_object" };
-  let schema;
-  try {
-    schema = JSON.parse(text);
-  } catch (err) {
-    throw showError(tr("jsonSchemaInvalid", err instanceof Error ? err.message : String(err)));
+  let schema = null;
+  if (text) {
+    try {
+      schema = JSON.parse(text);
+    } catch (err) {
+      throw showError(tr("jsonSchemaInvalid", err instanceof Error ? err.message : String(err)));
+    }
+    if (!schema || typeof schema !== "object" || Array.isArray(schema)) throw showError(tr("jsonSchemaNotObject"));
   }
-  if (!schema || typeof schema !== "object" || Array.isArray(schema)) throw showError(tr("jsonSchemaNotObject"));
   const example = EXAMPLES[exampleName];
-  const sameAsExample = example && JSON.stringify(example.schema) === JSON.stringify(schema);
-  return { type: "json_schema", json_schema: { name: sameAsExample ? example.name : "page_schema", schema } };
+  const sameAsExample = !!schema && !!example && JSON.stringify(example.schema) === JSON.stringify(schema);
+  if (answerAs() === "tool") {
+    const name = sameAsExample ? example.name : FUNCTION_NAME;
+    const fn = { name, description: tr("jsonFunctionDescription"), parameters: schema || { type: "object" } };
+    return { tools: [{ type: "function", function: fn }], tool_choice: { type: "function", function: { name } } };
+  }
+  if (!schema) return { response_format: { type: "json_object" } };
+  const name = sameAsExample ? example.name : "page_schema";
+  return { response_format: { type: "json_schema", json_schema: { name, schema } } };
 }
 
 /** @param {string} msg @returns {Error} */
@@ -230,6 +251,7 @@ export function initStructured() {
     example: $("#json-example"),
     schema: $("#json-schema"),
     error: $("#json-error"),
+    asTool: $("#json-as-tool"),
   });
   dom.toggle.addEventListener("change", render);
   dom.example.addEventListener("change", () => {
