@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -128,6 +129,35 @@ def pytest_runtest_logstart(nodeid, location):
         _current_tier["name"] = tier
         sys.stdout.write(f"\n---- tier: {tier} ----\n")
         sys.stdout.flush()
+
+
+def wait_until(check, what: str, timeout: float = 10.0, interval: float = 0.05):
+    """Poll `check()` until it returns something true and return that; fail (AssertionError naming
+    `what`) when it never does. Tests wait on the event itself with this, not on a fixed sleep: the
+    deadline only tells "it never happens" from "it happened", it measures no speed; `interval` is
+    only how often to look."""
+    end = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() >= end:
+            raise AssertionError(f"not within {timeout:g} s: {what}")
+        time.sleep(interval)
+
+
+def wait_for_a_later_mtime(folder: Path) -> None:
+    """Until a file written now gets a later modification time than every entry (*/*.npz) in
+    `folder`: the disk tier orders its entries by mtime, and the filesystem's clock is coarse."""
+    newest = max((p.stat().st_mtime_ns for p in folder.glob("*/*.npz")), default=0)
+    probe = folder / ".tick"  # outside the entries' glob
+
+    def later():
+        probe.touch()
+        return probe.stat().st_mtime_ns > newest
+
+    wait_until(later, "the filesystem's clock past the newest entry", timeout=5, interval=0.001)
+    probe.unlink()
 
 
 def data_url(data: bytes, media: str = "image/png") -> str:

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import requests
@@ -35,18 +34,23 @@ class ServerProcess:
                                       "--pythonpath", str(ROOT / "tests"), self.app],
                                      cwd=ROOT, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
+        from conftest import wait_until
+
+        def ready() -> bool:
+            assert self.proc is not None
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_text()[-3000:]}")
             try:
-                if requests.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    return self
+                return requests.get(self.url + "/readyz", timeout=2).status_code == 200
             except requests.RequestException:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise RuntimeError("server did not become ready:\n" + self.log_text()[-3000:])
+                return False
+
+        try:
+            wait_until(ready, "the server ready (/readyz 200)", timeout=timeout, interval=0.3)
+        except AssertionError:
+            self.stop()
+            raise RuntimeError("server did not become ready:\n" + self.log_text()[-3000:]) from None
+        return self
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -49,7 +49,13 @@ function roundHalfEven(x) {
   return Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
 }
 
-/** Target size so that w*h <= budget (aspect ratio kept). */
+// The model's processor refuses images whose long side is more than 200 times the short one.
+const MAX_RATIO = 200;
+
+/**
+ * Target size so that w*h <= budget (aspect ratio kept; a thin image stays within the processor's
+ * 200:1, which flooring its short side alone could break: 7000x35 is not sent as 4525x22).
+ */
 export function fitToBudget(w, h, budget) {
   if (w * h <= budget) return { w, h };
   const scale = Math.sqrt(budget / (w * h));
@@ -58,29 +64,45 @@ export function fitToBudget(w, h, budget) {
   while (nw * nh > budget && (nw > 1 || nh > 1)) {
     if (nw >= nh) nw--; else nh--;
   }
+  if (Math.max(w, h) <= MAX_RATIO * Math.min(w, h)) {
+    nw = Math.min(nw, MAX_RATIO * nh);
+    nh = Math.min(nh, MAX_RATIO * nw);
+  }
   return { w: nw, h: nh };
 }
 
 /**
- * Qwen-style smart resize: each side rounded to a multiple of the factor, then kept within the
- * pixel budget (and above min_pixels). Returns the token count ceil(h/f)*ceil(w/f).
+ * The server's smart_resize (vlservice/engine/images.py), to the letter: each side rounded to a
+ * multiple of the factor, then brought within the pixel budget (never below the model's
+ * min_pixels) or, only when it is under it, up to min_pixels. Returns the image tokens,
+ * (h/f)*(w/f) for the resized h x w.
  */
 export function estimateTokens(w, h, budget) {
   const f = Number(config && config.token_factor) || 32;
-  let hb = Math.max(f, roundHalfEven(h / f) * f);
-  let wb = Math.max(f, roundHalfEven(w / f) * f);
-  if (hb * wb > budget) {
-    const beta = Math.sqrt((h * w) / budget);
+  const minPixels = Number(config && config.min_pixels) || 0;
+  const maxPixels = Math.max(budget, minPixels);
+  let hb = roundHalfEven(h / f) * f;
+  let wb = roundHalfEven(w / f) * f;
+  if (hb * wb > maxPixels) {
+    const beta = Math.sqrt((h * w) / maxPixels);
     hb = Math.max(f, Math.floor(h / beta / f) * f);
     wb = Math.max(f, Math.floor(w / beta / f) * f);
-  }
-  const minPixels = Number(config && config.min_pixels);
-  if (minPixels && hb * wb < minPixels) {
+  } else if (hb * wb < minPixels) {
     const beta = Math.sqrt(minPixels / (h * w));
     hb = Math.ceil((h * beta) / f) * f;
     wb = Math.ceil((w * beta) / f) * f;
   }
-  return Math.ceil(hb / f) * Math.ceil(wb / f);
+  return (hb / f) * (wb / f);
+}
+
+/**
+ * What the page sends for a source image of srcW x srcH at `detail`: the size it scales it to
+ * (within the detail's pixel budget) and the image tokens the server will count for that size.
+ */
+export function planImage(srcW, srcH, detail) {
+  const budget = maxPixelsFor(detail);
+  const { w, h } = fitToBudget(srcW, srcH, budget);
+  return { w, h, tokens: estimateTokens(w, h, budget) };
 }
 
 async function decodeImage(file) {
@@ -188,8 +210,7 @@ function releaseImage() {
 export function reencodeImage() {
   if (!image) return;
   const detail = dom.detail.value;
-  const budget = maxPixelsFor(detail);
-  const { w, h } = fitToBudget(image.srcW, image.srcH, budget);
+  const { w, h, tokens } = planImage(image.srcW, image.srcH, detail);
   const maxBytes = Number(config && config.max_image_bytes) || 20 * 1024 * 1024;
 
   /** @type {string | null} */
@@ -221,7 +242,7 @@ export function reencodeImage() {
     renderImage();
     return;
   }
-  Object.assign(image, { dataUrl: url, mime, w, h, bytes: dataUrlBytes(url), detail, tokens: estimateTokens(w, h, budget) });
+  Object.assign(image, { dataUrl: url, mime, w, h, bytes: dataUrlBytes(url), detail, tokens });
   renderImage();
 }
 

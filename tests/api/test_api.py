@@ -10,7 +10,7 @@ import time
 import pytest
 import requests
 
-from conftest import image_message, png_bytes, scene
+from conftest import image_message, png_bytes, scene, wait_until
 
 pytestmark = pytest.mark.server
 
@@ -114,7 +114,7 @@ def test_cpu_history_moves_while_generating(server):
     while not done.is_set():
         for t, total in requests.get(server.url + "/api/stats").json()["cpu"]["history"]:
             seen[t] = total
-        time.sleep(0.3)
+        done.wait(0.3)  # look again soon, or at once when the generations ended
     during = {t: v for t, v in seen.items() if t > t0}
     assert len(during) >= 2  # new samples arrived while the model worked
     assert max(during.values()) > 20.0  # and they show the model's threads at work
@@ -149,9 +149,8 @@ def test_cancel_endpoint_and_disconnect_free_the_model(server):
                                 "result_cache": False}, timeout=120)
     assert quick.status_code == 200 and quick.json()["usage"]["completion_tokens"] >= 1
     # both long requests were cancelled, neither ran its 500 tokens to the end: only `quick` completed
-    deadline = time.monotonic() + 30  # tells "never" from "a moment later"; measures no speed
-    while counters(server)["cancelled"] < before["cancelled"] + 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: counters(server)["cancelled"] >= before["cancelled"] + 2, "both long requests cancelled",
+               timeout=30)
     after = counters(server)
     assert after["cancelled"] == before["cancelled"] + 2
     assert after["completed"] == before["completed"] + 1

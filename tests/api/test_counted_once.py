@@ -6,13 +6,12 @@ The cancel and models endpoints are not chat requests. Against the real server (
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ARTIFACTS
+from conftest import ARTIFACTS, wait_until
 
 pytestmark = pytest.mark.server
 
@@ -93,25 +92,13 @@ def first_text(lines) -> None:
     raise AssertionError("the stream ended without text")
 
 
-def wait_for(check, what: str, deadline_s: float = 10.0):
-    """Poll `check()` until it returns something true; fail when it never does."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not within {deadline_s:.0f} s: {what}")
-
-
 def settled(srv) -> dict:
     """The counts once the requests of earlier tests have all been answered (in flight 0)."""
-    deadline = time.monotonic() + 15
-    while True:
+    def idle():
         by_status, in_flight = counts(srv)
-        if in_flight == 0 or time.monotonic() > deadline:
-            return by_status
-        time.sleep(0.1)
+        return (by_status,) if in_flight == 0 else None  # a tuple: an empty count is still an answer
+
+    return wait_until(idle, "the requests of earlier tests answered (in flight 0)", timeout=15)[0]
 
 
 def test_busy_and_a_stream_whose_client_left_are_counted_once(srv):
@@ -125,9 +112,9 @@ def test_busy_and_a_stream_whose_client_left_are_counted_once(srv):
         assert busy.status_code == 429 and busy.json()["error"]["code"] == "server_busy"
         assert delta(before, counts(srv)[0]) == {"429": 1}
     # the connection is closed with the stream unread: the generation is cancelled and counted
-    wait_for(lambda: delta(before, counts(srv)[0]) == {"429": 1, "499": 1}, "the stream counted as 499")
+    wait_until(lambda: delta(before, counts(srv)[0]) == {"429": 1, "499": 1}, "the stream counted as 499")
     assert counts(srv)[1] == 0
-    wait_for(lambda: requests.get(srv.url + "/api/stats", timeout=10).json()["busy"] is False, "the model free")
+    wait_until(lambda: requests.get(srv.url + "/api/stats", timeout=10).json()["busy"] is False, "the model free")
 
 
 def test_a_stream_cancelled_through_the_api_is_counted_once(srv):

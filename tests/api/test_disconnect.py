@@ -8,12 +8,11 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import time
 
 import pytest
 import requests
 
-from conftest import ARTIFACTS
+from conftest import ARTIFACTS, wait_until
 
 pytestmark = pytest.mark.server
 
@@ -41,25 +40,13 @@ def stats(srv) -> dict:
     return requests.get(srv.url + "/api/stats", timeout=10).json()
 
 
-def wait_for(check, what: str, deadline_s: float = 10.0):
-    """Poll `check()` until it returns something true; fail when it never does. The deadline only
-    tells "it never happens" from "it happened"; it measures no speed."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not within {deadline_s:.0f} s: {what}")
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_a_client_that_goes_away_frees_the_model(srv, stream):
     before = stats(srv)["counters"]
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
     conn.request("POST", CHAT, json.dumps({**LONG, "stream": stream}), {"Content-Type": "application/json"})
     response = conn.getresponse() if stream else None  # a stream's headers come at once; JSON's never
-    wait_for(lambda: stats(srv)["busy"], "the model working on the request")
+    wait_until(lambda: stats(srv)["busy"], "the model working on the request")
     if response is not None:
         response.close()
     conn.close()  # the client goes away
@@ -68,7 +55,7 @@ def test_a_client_that_goes_away_frees_the_model(srv, stream):
         s = stats(srv)
         return s["counters"] if not s["busy"] and s["counters"]["cancelled"] > before["cancelled"] else None
 
-    after = wait_for(cancelled_and_free, "the generation cancelled and the model free")
+    after = wait_until(cancelled_and_free, "the generation cancelled and the model free")
     assert after["cancelled"] == before["cancelled"] + 1
     assert after["completed"] == before["completed"]  # stopped, not run to its end for nobody
     quick = requests.post(srv.url + CHAT, json={"model": "demo", "messages": [{"role": "user", "content": "Hi"}],

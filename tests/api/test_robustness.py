@@ -10,7 +10,6 @@ import json
 import os
 import struct
 import threading
-import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import ARTIFACTS, data_url, png_bytes, scene
+from conftest import ARTIFACTS, data_url, png_bytes, scene, wait_until
 
 pytestmark = pytest.mark.server
 
@@ -272,8 +271,11 @@ def test_burst_every_request_completes_or_is_refused_cleanly(make_server):
     assert ok and refused, results
     assert all(r[1] is True for r in ok)  # every accepted request got its whole answer
     assert all(r[0] == 429 and r[1] and int(r[1]) >= 1 and r[2] == "server_busy" for r in refused)
-    time.sleep(1)
-    stats = requests.get(srv.url + "/api/stats").json()
+    def idle():
+        s = requests.get(srv.url + "/api/stats").json()
+        return s if s["busy"] is False and s["queue_depth"] == 0 else None
+
+    stats = wait_until(idle, "the model free and the queue empty after the burst")
     assert stats["busy"] is False and stats["queue_depth"] == 0
     assert requests.get(srv.url + "/readyz").status_code == 200
     assert stats["rss_bytes"] < baseline_rss + 150 * 2**20  # back near the baseline, no leak per request
@@ -291,9 +293,7 @@ def test_queue_timeout_and_long_generation_survive_the_worker_timeout(make_serve
     holder = {}
     t = threading.Thread(target=lambda: holder.update(r=post(srv, long_body, timeout=300)))
     t.start()
-    deadline = time.monotonic() + 60  # tells "never" from "a moment later"; measures no speed
-    while not requests.get(srv.url + "/api/stats").json()["busy"] and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: requests.get(srv.url + "/api/stats").json()["busy"], "the long request running", timeout=60)
     waited = post(srv, {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
     assert waited.status_code == 503 and waited.json()["error"]["code"] == "queue_timeout"
     assert "Retry-After" in waited.headers
@@ -322,8 +322,11 @@ def test_api_key_cors_and_logs(make_server):
     r = post(srv, hello, headers={"Authorization": f"Bearer {key}", "Origin": "https://evil.example"})
     assert r.status_code == 200 and "Access-Control-Allow-Origin" not in r.headers
     assert requests.get(srv.url + "/healthz").status_code == 200  # health stays public
+    config_line = '"GET /api/config HTTP/1.1" 200'
+    logged = srv.log_text().count(config_line)
     assert requests.get(srv.url + "/api/config").json()["api_key_required"] is True
-    time.sleep(0.5)
+    # the access log line of this last request: every line before it is in the log too
+    wait_until(lambda: srv.log_text().count(config_line) > logged, "the last request's access log line")
     log = srv.log_text()
     assert key not in log and GOOD_IMAGE[30:90] not in log  # nothing secret or user-supplied is logged
 

@@ -16,7 +16,7 @@ import time
 import pytest
 import requests
 
-from conftest import ARTIFACTS
+from conftest import ARTIFACTS, wait_until
 
 pytestmark = pytest.mark.server
 
@@ -202,24 +202,16 @@ def test_a_client_that_goes_away_is_still_noticed_through_the_read_ahead_socket(
     def stats():
         return requests.get(server.url + "/api/stats", timeout=10).json()
 
-    def wait_for(check, what):  # polls; the deadline only tells "never" from "happened"
-        end = time.monotonic() + 15
-        while time.monotonic() < end:
-            if value := check():
-                return value
-            time.sleep(0.1)
-        raise AssertionError(what)
-
     before = stats()["counters"]
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     conn.request("POST", "/v1/chat/completions", json.dumps(
         {"model": "demo", "messages": [{"role": "user", "content": "Tell a very long story."}],
          "max_tokens": 8000, "min_tokens": 8000, "result_cache": False}), {"Content-Type": "application/json"})
-    wait_for(lambda: stats()["busy"], "the model never worked on the request")
+    wait_until(lambda: stats()["busy"], "the model working on the request", timeout=15)
     conn.close()
     def cancelled_and_free():
         now = stats()
         return now["counters"] if not now["busy"] and now["counters"]["cancelled"] > before["cancelled"] else None
 
-    after = wait_for(cancelled_and_free, "not cancelled")
+    after = wait_until(cancelled_and_free, "the generation cancelled and the model free", timeout=15)
     assert after["completed"] == before["completed"]

@@ -5,14 +5,13 @@ take requests, and concurrent chat requests are all answered whole. `/api/stats`
 from __future__ import annotations
 
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
 import requests
 
-from conftest import ARTIFACTS
+from conftest import ARTIFACTS, wait_until
 
 pytestmark = pytest.mark.server
 
@@ -39,14 +38,13 @@ def stats_by_worker(srv, want: int = 2, wait_s: float = 120) -> dict[int, dict]:
     The server counts as started when one worker answers /readyz; the other may still be warming
     up, so a worker's latest answer replaces its earlier one until every worker is ready."""
     seen: dict[int, dict] = {}
-    deadline = time.monotonic() + wait_s
     with ThreadPoolExecutor(8) as pool:
-        while time.monotonic() < deadline:
+        def all_ready():
             for st in pool.map(lambda _: stats(srv), range(8)):
                 seen[st["pid"]] = st
-            if len(seen) >= want and all(st["ready"] for st in seen.values()):
-                break
-            time.sleep(0.05)
+            return len(seen) >= want and all(st["ready"] for st in seen.values())
+
+        wait_until(all_ready, f"{want} workers answering ready", timeout=wait_s)
     return seen
 
 

@@ -78,7 +78,10 @@ def test_upload_preset_stream_timings_and_cpu_panel(server, browser, tmp_path):
     page.wait_for_selector("#cpu-panel .core-bar", timeout=15000)
     page.set_input_files("#file-input", str(red_circle_png(tmp_path)))
     page.wait_for_selector("#preview:not([hidden])")
-    assert "token" in page.inner_text("#token-estimate").lower()
+    # the estimate shown: a number of image tokens (checked below against the server's count)
+    estimate = page.get_attribute("#token-estimate", "data-tokens")
+    assert estimate is not None and int(estimate) > 0
+    assert f"≈ {estimate} image tokens" in page.inner_text("#token-estimate .tokens")
     page.evaluate(RECORD)
     page.click('#presets button[data-preset="describe"]')
     page.wait_for_selector('#state[data-state="done"]', timeout=120000)
@@ -94,6 +97,8 @@ def test_upload_preset_stream_timings_and_cpu_panel(server, browser, tmp_path):
     assert states == ["idle", "sending", "analysing", "prefill", "generating", "done"]
     assert seen(page, "busy", "#messages", "aria-busy") == ["false", "true", "false"]
     assert "ms" in page.inner_text("#timings")
+    # the estimate was exact: the server counted as many image tokens for the image the page sent
+    assert page.inner_text('#timings [data-key="image_tokens"] .t-value') == estimate
     bars = page.eval_on_selector_all(".core-bar", "els => els.map(e => parseFloat(e.dataset.pct))")
     assert bars and all(0 <= b <= 100 for b in bars)
     # a follow-up about the same image: its features come from the cache (no vision encode)

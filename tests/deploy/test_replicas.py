@@ -12,12 +12,11 @@ import os
 import re
 import signal
 import threading
-import time
 
 import pytest
 import requests
 
-from conftest import ARTIFACTS, image_message, png_bytes, scene
+from conftest import ARTIFACTS, image_message, png_bytes, scene, wait_until
 from server import ServerProcess
 from vlservice.tools.services import NginxProcess, RedisProcess
 
@@ -152,15 +151,20 @@ def test_redis_stopped_mid_run_then_back(cluster, sessions):
         assert metric(u, "vlservice_redis_up") == 0
 
     redis_proc.start()  # same port, empty
-    deadline = time.time() + 20
-    while metric(urls["a"], "vlservice_redis_up") == 0 and time.time() < deadline:
-        post(nginx, [{"role": "user", "content": "Hi"}], session=sessions["a"][0], max_tokens=1)
-        time.sleep(0.3)
+    seeds = iter(range(400, 10_000))
+
+    def redis_up_again(replica):  # once the back-off has passed, a new image's lookups reach Redis again
+        def check():
+            if metric(urls[replica], "vlservice_redis_up") != 0:
+                return True
+            post(nginx, image_message(photo(next(seeds)), QUESTION), session=sessions[replica][0], max_tokens=1)
+            return False
+
+        wait_until(check, f"replica {replica} using Redis again", timeout=20, interval=0.3)
+
+    redis_up_again("a")
     post(nginx, image_message(photo(220), QUESTION), session=sessions["a"][0])
-    deadline = time.time() + 20
-    while metric(urls["b"], "vlservice_redis_up") == 0 and time.time() < deadline:
-        post(nginx, [{"role": "user", "content": "Hi"}], session=sessions["b"][0], max_tokens=1)
-        time.sleep(0.3)
+    redis_up_again("b")
     hit = post(nginx, image_message(photo(220), "What is in it?"), session=sessions["b"][0], result_cache=False)
     assert hit.headers["X-Served-By"] == "b" and hit.json()["timings"]["vision_cache_hit"] is True
 
@@ -175,9 +179,8 @@ def test_sigterm_drains_a_replica_without_cutting_its_stream(cluster, sessions):
         if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
             break  # the answer is streaming
     os.kill(a.proc.pid, signal.SIGTERM)  # Gunicorn's master passes it to the worker, as `docker stop` does
-    deadline = time.time() + 20
-    while requests.get(a.url + "/readyz", timeout=5).status_code == 200 and time.time() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: requests.get(a.url + "/readyz", timeout=5).status_code != 200, "replica a draining",
+               timeout=20)
     ready = requests.get(a.url + "/readyz", timeout=5)
     assert ready.status_code == 503 and ready.json()["error"]["code"] == "draining"
     refused = post(a.url, [{"role": "user", "content": "Hi"}], max_tokens=1)
@@ -192,10 +195,9 @@ def test_sigterm_drains_a_replica_without_cutting_its_stream(cluster, sessions):
     assert a.proc.wait(60) == 0  # then the replica stops by itself
 
     a.start()  # back on its port; nginx tries it again once its 10 s of failure have passed
-    deadline = time.time() + 30
-    while post(nginx, [{"role": "user", "content": "Hi"}], session=session, max_tokens=1) \
-            .headers["X-Served-By"] != "a" and time.time() < deadline:
-        time.sleep(0.5)
+    wait_until(lambda: post(nginx, [{"role": "user", "content": "Hi"}], session=session, max_tokens=1)
+               .headers["X-Served-By"] == "a", "nginx sending replica a's session to it again", timeout=30,
+               interval=0.5)
 
 
 def test_a_killed_replica_hands_its_sessions_to_the_other(cluster, sessions):
@@ -210,9 +212,8 @@ def test_a_killed_replica_hands_its_sessions_to_the_other(cluster, sessions):
 
     t = threading.Thread(target=long_request)
     t.start()
-    deadline = time.time() + 30
-    while metric(cluster["a"].url, "vlservice_requests_in_flight") < 1 and time.time() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: metric(cluster["a"].url, "vlservice_requests_in_flight") >= 1, "the long request on a",
+               timeout=30)
     os.killpg(cluster["a"].proc.pid, signal.SIGKILL)
     cluster["a"].proc.wait(10)
     t.join(120)

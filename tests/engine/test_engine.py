@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ from vlservice.errors import Busy, ContextLengthExceeded, InvalidImage, InvalidR
 from vlservice.engine.types import Sampling
 from vlservice.engine.types import ChatRequest, ImageInput, Message, VideoInput
 
-from conftest import make_clip, png_bytes, scene
+from conftest import make_clip, png_bytes, scene, wait_until
 
 QUESTION = "Describe this image."
 
@@ -254,7 +253,7 @@ def test_priority_interactive_goes_first(settings_for):
                                     disk_cache_mb=0))
     order = []
     first = svc.submit(ChatRequest([Message("user", ["Hello"])], Sampling(max_tokens=60, min_tokens=60)))
-    time.sleep(0.05)
+    wait_until(lambda: svc.stats()["busy"], "the first request holding the slot")
     batch = svc.submit(ChatRequest([Message("user", ["b"])], Sampling(max_tokens=2), priority="batch"))
     inter = svc.submit(ChatRequest([Message("user", ["i"])], Sampling(max_tokens=2), priority="interactive"))
 
@@ -395,7 +394,7 @@ def test_compare_command_reports_agreement_and_speed(tmp_path, tiny_model_dir, c
     assert report["leading_token_agreement"] == 1.0 and report["speedup_of_b"] > 0
 
 
-def test_idle_service_hands_freed_heap_back(service_for):
+def test_idle_service_hands_freed_heap_back(service_for, monkeypatch):
     """When the model goes idle the scheduler calls glibc's malloc_trim (VL_MALLOC_TRIM), at most
     once a second; switched off, never."""
     from vlservice.engine.reclaim import malloc_trim
@@ -404,14 +403,21 @@ def test_idle_service_hands_freed_heap_back(service_for):
     svc = service_for()
     assert svc.settings.malloc_trim  # on by default
     sched = svc.scheduler
+    idle = threading.Event()  # set each time the model thread has been through its idle step
+    step = sched._idle
+
+    def watched_idle():
+        step()
+        idle.set()
+
+    monkeypatch.setattr(sched, "_idle", watched_idle)
 
     def trims_after_a_request(seed):
         before = sched.trims
         sched._last_trim = 0.0
         ask(svc, ImageInput(png_bytes(scene(seed=seed))), QUESTION, max_tokens=2)
-        deadline = time.monotonic() + 5
-        while sched.trims == before and time.monotonic() < deadline:
-            time.sleep(0.05)
+        idle.clear()
+        assert idle.wait(10), "the model never went idle after the request"
         return sched.trims - before
 
     assert trims_after_a_request(41) >= 1
@@ -432,9 +438,7 @@ def test_finished_requests_are_not_kept_alive(service_for):
     for _ in range(60):
         r = ask(svc, img, QUESTION, max_tokens=3)
         assert r["timings"]["result_cache_hit"] is True
-    deadline = time.time() + 5
-    while svc._active and time.time() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: not svc._active, "the finished requests leaving the registry", timeout=5)
     assert svc._active == {}
 
 

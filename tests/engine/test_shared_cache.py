@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 
 import pytest
 
@@ -15,7 +14,7 @@ from vlservice.engine.caches import shared
 from vlservice.engine.service import load_service
 from vlservice.engine.types import ChatRequest, ImageInput, Message, Sampling
 
-from conftest import png_bytes, scene
+from conftest import png_bytes, scene, wait_until
 from vlservice.tools.services import RedisProcess
 
 
@@ -78,12 +77,15 @@ def test_redis_down_means_local_caches_and_back_means_shared_again(replicas, red
     assert sum("unusable" in r.getMessage() for r in caplog.records) == 1  # logged once per outage
 
     redis_proc.start()  # same port, empty (no persistence)
-    deadline = time.time() + 5 * shared.RETRY_S + 10
-    seed = 300
-    while not a.shared.stats()["up"] and time.time() < deadline:
-        seed += 1
-        ask(a, seed=seed)  # a new image: past the back-off, its lookups reach Redis again
-        time.sleep(shared.RETRY_S / 4)
+    seeds = iter(range(301, 10_000))
+
+    def back_up():
+        ask(a, seed=next(seeds))  # a new image: past the back-off, its lookups reach Redis again
+        return a.shared.stats()["up"]
+
+    # asked again every quarter of the back-off until one of them reaches Redis
+    wait_until(back_up, "the shared cache back up after Redis restarted", timeout=5 * shared.RETRY_S + 10,
+               interval=shared.RETRY_S / 4)
     assert a.shared.stats()["up"] is True
     ask(a, seed=106)
     assert ask(b, seed=106, question="And the shape?", result_cache=False)["timings"]["vision_cache_hit"] is True

@@ -6,13 +6,14 @@ another worker writes to it too."""
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import numpy as np
 
 from vlservice.engine.caches import FeatureCache, ResultCache
 from vlservice.engine.vision import VisionFeatures
+
+from conftest import wait_for_a_later_mtime
 
 
 def feats(value: float = 1.0, tokens: int = 4) -> VisionFeatures:
@@ -75,7 +76,7 @@ def test_disk_tier_evicts_the_least_recently_used_and_stays_within_budget(tmp_pa
     cache = FeatureCache(0, folder, 3 * size)  # no memory tier: every hit comes from disk
     for i in range(3):
         cache.put(f"k{i}", feats(i))
-        time.sleep(0.01)  # distinct modification times
+        wait_for_a_later_mtime(folder)  # distinct modification times
     assert cache.get("k0") is not None  # read: recently used
     cache.put("k3", feats(3))
     names = sorted(p.stem for p in folder.glob("*/*.npz"))
@@ -90,7 +91,7 @@ def test_two_workers_on_one_folder_keep_it_within_budget(tmp_path):
     a, b = FeatureCache(0, folder, 4 * size), FeatureCache(0, folder, 4 * size)
     for i in range(6):
         (a if i % 2 else b).put(f"k{i}", feats(i))
-        time.sleep(0.01)
+        wait_for_a_later_mtime(folder)
     total, count = on_disk(folder)
     assert total <= 4 * size and count == 4
     assert sorted(p.stem for p in folder.glob("*/*.npz")) == ["k2", "k3", "k4", "k5"]  # the newest, whoever wrote them
@@ -103,7 +104,7 @@ def test_a_lowered_budget_is_applied_at_start(tmp_path):
     big = FeatureCache(0, folder, 10 * size)
     for i in range(5):
         big.put(f"k{i}", feats(i))
-        time.sleep(0.01)
+        wait_for_a_later_mtime(folder)
     small = FeatureCache(0, folder, 2 * size)
     assert sorted(p.stem for p in folder.glob("*/*.npz")) == ["k3", "k4"]
     assert (small.stats()["disk_bytes"], small.stats()["disk_entries"]) == (2 * size, 2)

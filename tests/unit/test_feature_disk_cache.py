@@ -5,12 +5,12 @@ with no memory tier, so every hit really comes from disk."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from vlservice.engine.caches import FeatureCache
 from vlservice.engine.vision import VisionFeatures
+
+from conftest import wait_for_a_later_mtime
 
 
 def feats(value: float) -> VisionFeatures:
@@ -27,7 +27,7 @@ def entry_bytes(tmp_path) -> int:
 def put_in_order(cache: FeatureCache, keys) -> None:
     for i, key in enumerate(keys):
         cache.put(key, feats(float(i)))
-        time.sleep(0.05)  # file times have a coarse clock: keep "older" meaningful on disk
+        wait_for_a_later_mtime(cache.disk_dir)  # keep "older" meaningful on disk
 
 
 def on_disk(folder, keys) -> set:
@@ -52,7 +52,7 @@ def test_a_read_entry_is_evicted_last(tmp_path):
     put_in_order(cache, ["k0", "k1"])
     got = cache.get("k0")  # read from disk: now the most recently used
     assert got is not None and np.array_equal(got.embeds, feats(0.0).embeds)
-    time.sleep(0.05)
+    wait_for_a_later_mtime(folder)
     cache.put("k2", feats(2.0))
     assert on_disk(folder, ["k0", "k1", "k2"]) == {"k0", "k2"}
 
