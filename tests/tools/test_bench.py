@@ -254,11 +254,11 @@ def test_bench_structured_runs_the_openai_helpers_through_the_server(tmp_path, c
     demo model never saw, through Gunicorn; every finished answer valid (else exit 1)."""
     out = tmp_path / "structured"
     env = {**os.environ, "VL_CACHE_DIR": str(cache_dir), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "vlservice", "bench", "--structured", "2", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "vlservice", "bench", "--structured", "1", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "structured.json").read_text())
     assert report["cpu"]["model"] and report["command"].startswith("python -m vlservice bench --structured")
     for row in report["results"].values():
-        assert row["requests"] == 2 and row["valid_of_finished"] == row["finished"]
-        assert row["finished"] + row["cut_by_max_tokens"] == 2
+        assert row["requests"] == 1 and row["valid_of_finished"] == row["finished"]
+        assert row["finished"] + row["cut_by_max_tokens"] == 1

@@ -1,5 +1,6 @@
 """The answers' models: what the server writes (the OpenAPI document is generated from these)."""
 
+import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,8 +17,9 @@ class _Out(BaseModel):
 
 def answer(model: BaseModel) -> str:
     """The JSON text of an answer: the fields given, the absent ones left out (a field given as
-    None, like `logprobs`, is written as null)."""
-    return model.model_dump_json(exclude_unset=True)
+    None, like `logprobs`, is written as null); laid out as `json.dumps` writes it, as before the
+    models wrote the answers (clients that match text, like `"finish_reason": "length"`, still do)."""
+    return json.dumps(model.model_dump(mode="json", exclude_unset=True), ensure_ascii=False)
 
 
 def _absent(**kw):

@@ -121,7 +121,7 @@ def measure(model_dir: Path, cache_dir: Path, batches: list, tokens: int, llm: s
     svc = VLModelService(settings).start()
     try:
         rows = json.loads((model_dir / "config.json").read_text())["text_config"]["vocab_size"]
-        report = {"compile": compile_costs(svc.tokenizer, svc.decoder.eos_ids, rows), "batches": {}}
+        report = {"compile": compile_costs(svc.tokenizer, svc.inputs.eos_ids, rows), "batches": {}}
         log.info("compile and mask: %s", report["compile"])
         grammar = grammar_for("json_schema", NOTES)
         step_costs(svc, 1, 4, grammar)  # warm: the grammar compiled, the scheduler's first steps
