@@ -169,7 +169,7 @@ class Settings:
 
     @property
     def num_threads(self) -> int:
-        # Each worker has its own model lock: two generations may run at once, so the cores are
+        # Each worker runs its own scheduler: two workers' steps may run at once, so the cores are
         # split between workers instead of oversubscribed.
         return self.threads if self.threads > 0 else max(1, _physical_cores() // max(1, self.workers))
 

@@ -17,13 +17,14 @@ N_HELD_OUT = 160
 
 
 @pytest.fixture(scope="module")
-def evaluation(tmp_path_factory):
-    """The development seed's first images through every vision path (its floors were set on it)."""
+def evaluation(cache_dir):
+    """The development seed's first images through every vision path (its floors were set on it).
+    The session's cache folder: the ONNX encoders the servers export are reused, not made again (no
+    feature, KV or result cache persists there: eval-demo turns them off)."""
     from vlservice.demo.evaluate import DEV_SEED, run
     from vlservice.engine.checkpoints import bundled_demo_path
 
-    return run(bundled_demo_path(), N_HELD_OUT, seed=DEV_SEED, cache_dir=tmp_path_factory.mktemp("eval"),
-               threads=2)
+    return run(bundled_demo_path(), N_HELD_OUT, seed=DEV_SEED, cache_dir=cache_dir, threads=2)
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +154,61 @@ def test_video_accuracy_on_held_out_clips(tmp_path):
     right = sum(r["accuracy"]["video"] * r["counts"]["video"] for r in out["sets"].values())
     total = sum(r["counts"]["video"] for r in out["sets"].values())
     assert total == 40 and right / total >= 0.85, (right, total)
+
+
+LOCATE_N = 16
+
+
+@pytest.mark.server
+def test_held_out_grounding_answers_through_the_server(server):
+    """The report's held-out "where is ..." and "locate every shape" questions through Gunicorn and
+    the openai client: each answer is a grounding list (scored as eval-demo scores it), and the
+    response's `grounding` object carries the same boxes in pixels of the picture sent. (How many
+    boxes fit is eval-demo's number, docs/demo-model.md "Boxes".)"""
+    from itertools import islice
+
+    from openai import OpenAI
+
+    from vlservice.demo.evaluate import REPORT_SEED
+    from vlservice.demo.heldout import SETS, box_score, expected_boxes, parse_boxes
+    from vlservice.demo.render import iter_styled_samples
+
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    lists = total = 0
+    _, style, pool, k = SETS[0]  # the report's held-out phrasing set: its first locate questions
+    report = (s for s in iter_styled_samples([REPORT_SEED, k], 500, style, pool) if s.task == "locate")
+    for s in islice(report, LOCATE_N):
+        r = client.chat.completions.create(model="qwen3-vl-demo", messages=image_message(png_bytes(s.image), s.question),
+                                           max_tokens=200, temperature=0)
+        text = r.choices[0].message.content
+        total += box_score(expected_boxes(s), text)[1]
+        boxes = parse_boxes(text) or []
+        lists += bool(boxes)
+        if boxes:  # the server's reading of the same answer, in pixels of this picture
+            g = r.model_extra["grounding"]
+            height, width = s.image.shape[:2]
+            assert (g["width"], g["height"]) == (width, height) and len(g["objects"]) == len(boxes)
+            for (label, box), obj in zip(boxes, g["objects"]):
+                x1, x2, y1, y2 = sorted(box[0::2]) + sorted(box[1::2])  # the server orders the corners
+                scaled = [x1 * width / 1000, y1 * height / 1000, x2 * width / 1000, y2 * height / 1000]
+                assert obj["label"].lower() == label and np.allclose(obj["box"], scaled, atol=1)
+    assert total >= LOCATE_N and lists >= LOCATE_N - 1, (lists, total)  # the format, held-out phrasings or not
+
+
+def test_eval_demo_json_names_the_machine_the_date_and_the_command(tmp_path):
+    """`eval-demo --json` as docs/demo-model.md runs it: the file holds the numbers and what every
+    committed number must record."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    out = tmp_path / "eval.json"
+    r = subprocess.run([sys.executable, "-m", "vlservice", "eval-demo", "--n", "3", "--backends", "torch", "--sets-n", "0",
+                        "--cache-dir", str(tmp_path / "cache"), "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["n"] == 3 and set(report["accuracy"]) == {"torch"} and report["cpu"]["model"]
+    assert report["date"] and report["command"].startswith("python -m vlservice eval-demo --n 3")
+    assert "| vision path |" in r.stdout

@@ -18,12 +18,14 @@ def runs(tmp_path_factory):
     a = train(root / "a", steps=40, seed=5, batch_size=4, lr=3e-3, threads=2, warmup=5)
     # b also writes its checkpoint half-way (--save-every): that must not change what it learns
     b = train(root / "b", steps=40, seed=5, batch_size=4, lr=3e-3, threads=2, warmup=5, save_every=20)
-    return root, a, b
+    # c is a's run stopped early (--stop-at): its rate schedule is a's, and it ends half-way
+    c = train(root / "c", steps=40, seed=5, batch_size=4, lr=3e-3, threads=2, warmup=5, stop_at=20)
+    return root, a, b, c
 
 
 @pytest.mark.slow
 def test_training_learns_and_is_reproducible(runs):
-    root, a, b = runs
+    root, a, b, c = runs
     assert a["aux_weight"] > 0 and a["final_token_loss"] is not None
     assert a["first_loss"] - a["final_loss"] > 1.0  # the answer loss falls (final: mean of all 40 steps)
     wa, wb = load_file(str(root / "a" / "model.safetensors")), load_file(str(root / "b" / "model.safetensors"))
@@ -33,6 +35,10 @@ def test_training_learns_and_is_reproducible(runs):
     assert (root / "a" / "loss.png").stat().st_size > 1000
     saved = json.loads((root / "a" / "training.json").read_text())
     assert saved["steps"] == saved["steps_planned"] == 40 and saved["seed"] == 5
+    stopped = json.loads((root / "c" / "training.json").read_text())
+    assert (stopped["steps"], stopped["steps_planned"]) == (20, 40) == (c["steps"], c["steps_planned"])
+    wc = load_file(str(root / "c" / "model.safetensors"))
+    assert wc.keys() == wa.keys() and not all(np.array_equal(wa[k], wc[k]) for k in wa)
 
 
 @pytest.mark.slow
@@ -43,8 +49,10 @@ def test_trained_checkpoint_serves(runs, tmp_path):
     from vlservice.engine.types import ChatRequest, ImageInput, Message
     from vlservice.engine.service import load_service
 
-    root, _, _ = runs
-    svc = load_service(Settings(model=str(root / "a"), cache_dir=str(tmp_path), threads=2, disk_cache_mb=0))
+    root, *_ = runs
+    # PyTorch vision: the ONNX export of this architecture is the bundled model's, which every server test makes
+    svc = load_service(Settings(model=str(root / "a"), cache_dir=str(tmp_path), threads=2, disk_cache_mb=0,
+                                vision_backend="torch"))
     s = make_sample(np.random.default_rng(0), task="count", lang="en")
     out = svc.chat(ChatRequest([Message("user", [ImageInput(encode_png(s.image)), s.question])],
                                Sampling(max_tokens=8)))
@@ -164,3 +172,50 @@ def test_clips_join_a_batch_with_the_serving_paths_prompt_and_train_the_model():
     loss = model(**{k: v for k, v in batch.items() if k != "token_targets"}).loss
     loss.backward()
     assert torch.isfinite(loss) and model.model.visual.patch_embed.proj.weight.grad.abs().sum() > 0
+
+
+def test_coordinate_digits_weigh_more_in_the_answer_loss_and_nothing_else_does():
+    """`--box-weight`: the digits of a grounding answer's boxes weigh more; an OCR answer's digits,
+    every other token and the plain loss (the model's own) stay as they were."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
+
+    from vlservice.demo.data import make_sample
+    from vlservice.demo.render import make_styled_sample
+    from vlservice.demo.data import boxes_1000
+    from vlservice.demo.train import DEMO_PREPROCESSOR, Batcher, answer_losses
+    from vlservice.engine import images as I
+    from vlservice.engine.checkpoints import bundled_demo_path
+    from vlservice.tools.checkpoints import preprocessor_config, real_architecture, token_ids
+
+    path = bundled_demo_path()
+    tok = AutoTokenizer.from_pretrained(str(path))
+    pre = preprocessor_config(real_architecture())
+    pre.update(DEMO_PREPROCESSOR)
+    spec = I.ImageSpec.from_preprocessor_config(pre)
+    rng = np.random.default_rng(8)
+    locate = make_styled_sample(rng, task="locate", lang="en")
+    ocr = next(s for s in (make_sample(rng, task="ocr") for _ in range(50)) if any(c.isdigit() for c in s.answer))
+    samples = [locate, ocr, make_sample(rng, task="count")]
+    batch = Batcher(tok, spec, token_ids(tok)["image_token_id"], box_weight=3.0, readout=True)(samples)
+    weights, labels = batch["loss_weights"], batch["labels"]
+    # --readout-weight: each state that predicts a coordinate digit, with the box being written
+    index, boxes = batch.pop("readout_index"), batch.pop("readout_targets")
+    assert (index[:, 0] == 0).all() and torch.equal(index[:, 1] + 1, torch.nonzero(weights[0] == 3.0).flatten())
+    drawn = [[v / 1000 for v in box] for box in boxes_1000(locate.objects, locate.canvas)]
+    assert all(any(b == pytest.approx(d) for d in drawn) for b in boxes.tolist())
+    assert len({tuple(b) for b in boxes.tolist()}) == len(drawn)  # every box, each at its own digits
+    assert set(weights.unique().tolist()) == {1.0, 3.0}
+    heavy = labels[0][weights[0] == 3.0]
+    coordinates = "".join(c for c in locate.answer.replace("bbox_2d", "") if c.isdigit())
+    assert tok.decode(heavy) == coordinates  # every coordinate digit, not the 2 of "bbox_2d"
+    assert (weights[1:] == 1.0).all()  # the card's digits and the count answer: plain weight
+    plain = Batcher(tok, spec, token_ids(tok)["image_token_id"])(samples)
+    assert "loss_weights" not in plain and torch.equal(plain["labels"], labels)
+    model = Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32).eval()
+    with torch.no_grad():
+        own = model(**plain).loss
+        weighted, answer = answer_losses(model, dict(batch))
+        same, _ = answer_losses(model, dict(plain))
+    assert torch.allclose(answer, own, atol=1e-5) and torch.allclose(same, own)
+    assert weighted > answer

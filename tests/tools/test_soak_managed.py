@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.server,
 
 def test_managed_soak_with_a_redis_pause_and_a_rolling_sigterm(tmp_path):
     out = tmp_path / "soak.json"
-    r = subprocess.run([sys.executable, "-m", "vlservice", "soak", "--serve", "--seconds", "75", "--concurrency", "3",
+    r = subprocess.run([sys.executable, "-m", "vlservice", "soak", "--serve", "--seconds", "60", "--concurrency", "3",
                         "--sample-every", "3", "--warmup", "10", "--redis-pause", "8", "--json", str(out),
                         "--serve-dir", str(tmp_path / "serve")],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)

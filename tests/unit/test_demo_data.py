@@ -260,7 +260,8 @@ def test_label_maps_mark_what_is_drawn(samples):
 
 def test_token_targets_follow_the_encoder_token_order():
     from vlservice.engine import images as I
-    from vlservice.demo.train import BOX_TARGETS, POSITION_TARGETS, token_targets
+    from vlservice.demo.data import boxes_1000
+    from vlservice.demo.train import BOX_TARGETS, DIGIT_TARGETS, POSITION_TARGETS, token_targets
 
     spec = I.ImageSpec()
     rng = np.random.default_rng(3)
@@ -269,13 +270,16 @@ def test_token_targets_follow_the_encoder_token_order():
         s = make_sample(rng, task="color")
         p = I.prepare(s.image, spec)
         t = token_targets(s, p.size, spec.patch_size * spec.merge_size)
-        assert t.shape == (p.num_tokens, labels + BOX_TARGETS + POSITION_TARGETS)
+        assert t.shape == (p.num_tokens, labels + BOX_TARGETS + POSITION_TARGETS + DIGIT_TARGETS)
         np.testing.assert_allclose(t[:, :labels].sum(axis=1), len(LABEL_CLASSES), rtol=1e-5)
         gw, gh = p.grid_thw[2] // 2, p.grid_thw[1] // 2
         # the last columns: each token's centre, relative to the image, in raster order
-        np.testing.assert_allclose(t[:, -2], np.tile((np.arange(gw) + 0.5) / gw, gh), rtol=1e-6)
-        np.testing.assert_allclose(t[:, -1], np.repeat((np.arange(gh) + 0.5) / gh, gw), rtol=1e-6)
+        where = t[:, -DIGIT_TARGETS - 2:-DIGIT_TARGETS]
+        np.testing.assert_allclose(where[:, 0], np.tile((np.arange(gw) + 0.5) / gw, gh), rtol=1e-6)
+        np.testing.assert_allclose(where[:, 1], np.repeat((np.arange(gh) + 0.5) / gh, gw), rtol=1e-6)
         box, shows = t[:, labels:labels + 4], t[:, labels + 4]
+        digits = t[:, -DIGIT_TARGETS:]
+        assert (digits[shows == 0] == 0).all()
         assert set(np.unique(shows)) <= {0.0, 1.0} and (box[shows == 0] == 0).all()
         assert (shows == (t[:, 1:LABEL_CLASSES[0]].max(axis=1) > 0)).all()  # every token on a shape
         sy, sx = p.size[0] / s.image.shape[0], p.size[1] / s.image.shape[1]
@@ -287,3 +291,8 @@ def test_token_targets_follow_the_encoder_token_order():
             # the token at the shape's centre carries the shape's drawn box, relative to the image
             x1, y1, x2, y2 = shape_box(shape, cx, cy, size)
             np.testing.assert_allclose(box[row * gw + col], (x1 / w, y1 / h, (x2 + 1) / w, (y2 + 1) / h), atol=0.03)
+            # and the hundreds and tens digits a grounding answer writes for that box (one step of
+            # rounding apart at most: the label map's box is the drawn pixels at the encoder's size)
+            written = [100 * a + 10 * b for a, b in digits[row * gw + col].reshape(4, 2)]
+            answer = boxes_1000(((shape, _color, cx, cy, size),), (h, w))[0]
+            assert np.abs(np.array(written) - answer).max() <= 20, (written, answer)

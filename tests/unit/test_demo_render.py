@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from test_demo_data import ANSWER_PATTERNS
-from vlservice.demo.data import COLORS, PROMPTS, label_maps, shape_box
+from vlservice.demo.data import BOX_STEP, COLORS, PROMPTS, label_maps, shape_box
 from vlservice.demo.heldout import box_score, check, expected_boxes, iou, parse_boxes
 from vlservice.demo.phrasings import AROUND, HELD_OUT, TRAIN, dressed, phrasings
 from vlservice.demo.render import IN_STYLE, OUT_OF_STYLE, iter_styled_samples
@@ -107,10 +107,11 @@ def test_grounding_answers_box_the_drawn_shapes(styled):
         for item in items:
             x1, y1, x2, y2 = item["bbox_2d"]
             assert 0 <= x1 < x2 <= 1000 and 0 <= y1 < y2 <= 1000
+            assert all(v % BOX_STEP == 0 for v in item["bbox_2d"])  # coarse coordinates
             if s.lang == "en":
                 o = objects[item["label"]]
                 bx = shape_box(o[0], *o[2:])
-                assert abs(x1 - bx[0] / w * 1000) <= 1 and abs(y2 - bx[3] / h * 1000) <= 1
+                assert abs(x1 - bx[0] / w * 1000) <= BOX_STEP / 2 and abs(y2 - bx[3] / h * 1000) <= BOX_STEP / 2
             # the image's own pixels: the box holds the shape (its middle is not background)
             ih, iw = s.image.shape[:2]
             cy, cx = int((y1 + y2) / 2000 * ih), int((x1 + x2) / 2000 * iw)
@@ -154,7 +155,19 @@ def test_box_score_counts_misses_wrong_labels_and_invented_boxes():
     assert iou([0, 0, 10, 10], [5, 0, 15, 10]) == pytest.approx(1 / 3)
 
 
-def test_expected_boxes_read_the_samples_answer():
-    s = next(x for x in iter_styled_samples(2, 100, tasks=("locate",)) if len(x.objects) == 3)
-    boxes = expected_boxes(s)
-    assert 1 <= len(boxes) <= 3 and all(len(b) == 4 for _, b in boxes)
+def test_expected_boxes_are_the_drawn_shapes_exactly():
+    """The answer rounds its coordinates to BOX_STEP; the score compares with the drawn boxes
+    themselves, for every label the answer names (one shape or all, both languages)."""
+    seen = 0
+    for s in iter_styled_samples(2, 200, tasks=("locate",)):
+        boxes = expected_boxes(s)
+        items = json.loads(s.answer.removeprefix("```json\n").removesuffix("\n```"))
+        assert [label for label, _ in boxes] == [item["label"].lower() for item in items]
+        h, w = s.canvas
+        drawn = [[v / side * 1000 for v, side in zip(shape_box(o[0], *o[2:]), (w, h, w, h))] for o in s.objects]
+        for (_, box), item in zip(boxes, items):
+            exact = [d for d in drawn if all(abs(a - b) <= BOX_STEP / 2 for a, b in zip(d, item["bbox_2d"]))]
+            assert len(exact) == 1 and box == pytest.approx(exact[0], abs=0.5)
+            seen += 1
+        assert check(s, s.answer)[0]  # the rounded answer still scores every box
+    assert seen > 100

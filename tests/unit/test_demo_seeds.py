@@ -12,7 +12,7 @@ import json
 import pytest
 
 N_REPORT = 500  # docs/demo-model.md's `eval-demo --n 500`
-STEPS_PER_RUN = 100  # a prefix of each recorded run: 7 runs x 100 steps x 16 images and clips
+STEPS_PER_RUN = 60  # a prefix of each recorded run: 60 steps x 16 images and clips each
 
 
 def digest(sample) -> bytes:
@@ -69,7 +69,7 @@ def test_report_images_were_never_drawn_for_training_or_development():
     assert not report & development
     for run in recorded_runs():
         stream = training_stream(run["seed"], run["batch_size"], run["extra_turns"], tuple(run.get("focus", ())),
-                                 run.get("mix", "classic"), run.get("video_share", 0.0))
+                                 run.get("mix", "classic"), run.get("video_share", 0.0), run.get("focus_share", 0.5))
         seen = {digest(s) for samples, _ in islice(stream, STEPS_PER_RUN) for s in samples}
         assert len(seen) > 0.99 * STEPS_PER_RUN * run["batch_size"]
         assert not report & seen, run["seed"]

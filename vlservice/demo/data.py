@@ -260,10 +260,18 @@ def _ask(rng: np.random.Generator, pool: str, lang: str, kind: str) -> str:
     return phrasing
 
 
-def boxes_1000(objects: tuple, canvas: tuple[int, int]) -> list[list[int]]:
-    """Each shape's box relative to the image, 0-1000 (Qwen3-VL's convention), in ``objects`` order."""
+# Grounding answers write coordinates in steps of 10 (0-1000, Qwen3-VL's scale): the last digit is
+# always 0, so the model spends nothing on a digit worth at most 0.5% of the image, which it cannot
+# see at a 32-pixel token. Held-out scoring compares with the exact boxes (`step=1`).
+BOX_STEP = 10
+
+
+def boxes_1000(objects: tuple, canvas: tuple[int, int], step: int = BOX_STEP) -> list[list[int]]:
+    """Each shape's box relative to the image, 0-1000 (Qwen3-VL's convention) in multiples of
+    ``step``, in ``objects`` order."""
     h, w = canvas
-    return [[min(1000, max(0, round(v / side * 1000))) for v, side in zip(shape_box(*o[:1], *o[2:]), (w, h, w, h))]
+    return [[min(1000, max(0, round(v / side * 1000 / step) * step))
+             for v, side in zip(shape_box(*o[:1], *o[2:]), (w, h, w, h))]
             for o in objects]
 
 

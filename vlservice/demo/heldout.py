@@ -24,7 +24,7 @@ import re
 from collections import defaultdict
 
 from .clips import iter_clips
-from .data import TASKS, encode_png
+from .data import TASKS, _phrase, boxes_1000, encode_png
 from .render import IN_STYLE, OUT_OF_STYLE, iter_styled_samples
 
 SETS = (("held-out phrasings", IN_STYLE, "held_out", 1), ("out-of-style", OUT_OF_STYLE, "preset", 2))
@@ -76,9 +76,12 @@ def box_score(expected: list[tuple[str, list[float]]], answer: str) -> tuple[int
 
 
 def expected_boxes(sample) -> list[tuple[str, list[float]]]:
-    """The drawn boxes a grounding question asks for (labels as its answer writes them)."""
-    return [(item["label"].lower(), [float(v) for v in item["bbox_2d"]]) for item in json.loads(
-        _FENCED.search(sample.answer).group(1))]
+    """The drawn boxes a grounding question asks for (labels as its answer writes them), exact:
+    the answer rounds its coordinates to `data.BOX_STEP`, the score does not."""
+    exact = {_phrase(o[0], o[1], sample.lang).lower(): box
+             for o, box in zip(sample.objects, boxes_1000(sample.objects, sample.canvas, step=1))}
+    return [(label, [float(v) for v in exact[label]]) for label in
+            (item["label"].lower() for item in json.loads(_FENCED.search(sample.answer).group(1)))]
 
 
 def check(sample, answer: str) -> tuple[bool, tuple[int, int] | None]:

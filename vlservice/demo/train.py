@@ -23,6 +23,7 @@ numbers are about. The held-out seeds of `evaluate` are refused as training seed
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import math
@@ -36,7 +37,7 @@ import numpy as np
 from ..config import Settings
 from .clips import Clip, make_clip
 from .clips import answer as clip_answer
-from .data import COLORS, COLORS_ZH, SHAPES, SHAPES_ZH, TASKS, follow_ups, iter_samples, make_sample
+from .data import BOX_STEP, COLORS, COLORS_ZH, SHAPES, SHAPES_ZH, TASKS, follow_ups, iter_samples, make_sample
 from .phrasings import AROUND, TRAIN
 from .render import iter_styled_samples, make_styled_sample
 
@@ -76,6 +77,12 @@ def training_phrasings() -> set[str]:
 
 def corpus_texts(seed: int = 12345, n: int = 4000) -> list[str]:
     """Every training question and answer form, so the small vocabulary spells them in few tokens."""
+    return list(_corpus_texts(seed, n))
+
+
+@functools.lru_cache(maxsize=2)
+def _corpus_texts(seed: int, n: int) -> tuple[str, ...]:
+    """`corpus_texts`, drawn once per process: it renders thousands of samples for their texts."""
     texts = training_phrasings() | {w.strip() for lang in AROUND.values() for ws in lang.values() for w in ws}
     texts |= {t for s in iter_samples(seed, n) for t in (s.question, s.answer)}
     texts |= {s.answer for s in iter_styled_samples(seed, n)}
@@ -83,7 +90,7 @@ def corpus_texts(seed: int = 12345, n: int = 4000) -> list[str]:
               for event in ("move", "change") for shape in SHAPES for a in COLORS for b in COLORS if a != b
               for side in ("left", "right") for lang in ("en", "zh")}
     texts |= {f"<{t / 10:.1f} seconds>" for t in range(0, 100, 5)}  # a clip's timestamps
-    return sorted(texts)
+    return tuple(sorted(texts))
 
 
 def adopt_vocabulary(model, old_tok, new_tok) -> None:
@@ -131,6 +138,10 @@ def _spelled(token: str, vocab: dict[str, int]) -> list[int]:
 
 POSITION_TARGETS = 2  # per token: its centre's column and row, relative to the image (0-1)
 BOX_TARGETS = 5  # per token: the box of the shape under it (x1, y1, x2, y2, relative) and 1, or 0s
+# per token on a shape: the classes of the digits a grounding answer writes for its box, each of
+# x1, y1, x2, y2 on the 0-1000 scale in steps of data.BOX_STEP: hundreds (0-10) and tens (0-9)
+DIGIT_CLASSES = (11, 10)
+DIGIT_TARGETS = 4 * len(DIGIT_CLASSES)
 
 
 def token_targets(sample, size: tuple[int, int], block: int) -> np.ndarray:
@@ -159,23 +170,29 @@ def token_targets(sample, size: tuple[int, int], block: int) -> np.ndarray:
         counts = np.bincount(token * classes + maps[..., channel].ravel(), minlength=n * classes)
         parts.append(counts.reshape(n, classes).astype(np.float32) / (block * block))
     boxes = np.zeros((n, BOX_TARGETS), np.float32)
+    digits = np.zeros((n, DIGIT_TARGETS), np.float32)
     kinds = parts[0]
     for kind in np.unique(maps[..., 0]):
         if kind == 0:
             continue
         ys, xs = np.nonzero(maps[..., 0] == kind)
         shows = (kinds[:, kind] > 0) & (kinds[:, kind] == kinds[:, 1:].max(axis=1))
-        boxes[shows] = (xs.min() / w, ys.min() / h, (xs.max() + 1) / w, (ys.max() + 1) / h, 1.0)
+        box = (xs.min() / w, ys.min() / h, (xs.max() + 1) / w, (ys.max() + 1) / h)
+        boxes[shows] = (*box, 1.0)
+        written = [min(1000, round(v * 1000 / BOX_STEP) * BOX_STEP) for v in box]
+        digits[shows] = [d for v in written for d in (v // 100, v // 10 % 10)]
     parts.append(boxes)
     r, c = np.divmod(np.arange(n), gw)
     parts.append(np.stack([(c + 0.5) / gw, (r + 0.5) / gh], axis=1).astype(np.float32))
+    parts.append(digits)
     return np.concatenate(parts, axis=1)
 
 
 def aux_loss(logits, targets):
-    """Soft cross-entropy per label map, and the squared errors of the shape's box (on the tokens
+    """Soft cross-entropy per label map, the squared errors of the shape's box (on the tokens
     that show a shape) and of the position (each x 10, so it weighs about as much as a label map),
-    averaged over tokens and terms."""
+    and the cross-entropy of the box's written digits (on the tokens that show a shape), averaged
+    over tokens and terms."""
     import torch
 
     from .data import LABEL_CLASSES
@@ -190,18 +207,77 @@ def aux_loss(logits, targets):
     total = total + 10 * (error * shows).sum() / shows.sum().clamp(min=1)
     where = slice(start + BOX_TARGETS, start + BOX_TARGETS + POSITION_TARGETS)
     total = total + 10 * (torch.sigmoid(logits[:, where]) - targets[:, where]).pow(2).sum(-1).mean()
-    return total / (len(LABEL_CLASSES) + 2)
+    column = start = where.stop  # targets: one class index per digit; logits: the classes of each
+    digits = 0.0
+    for _ in range(4):
+        for classes in DIGIT_CLASSES:
+            ce = torch.nn.functional.cross_entropy(logits[:, start:start + classes], targets[:, column].long(),
+                                                   reduction="none")
+            digits = digits + (ce * shows).sum() / shows.sum().clamp(min=1)
+            column, start = column + 1, start + classes
+    return (total + digits / 4) / (len(LABEL_CLASSES) + 3)
+
+
+def answer_losses(model, batch) -> tuple:
+    """(the loss to train on, the plain next-token loss on the answers). With ``loss_weights`` in the
+    batch (`Batcher`'s ``box_weight``), each answer token's cross-entropy is weighted by it, still
+    divided by the number of answer tokens; without, both are the model's own loss."""
+    import torch
+
+    weights = batch.pop("loss_weights", None)
+    if weights is None:
+        loss = model(**batch).loss
+        return loss, loss
+    labels = batch.pop("labels")
+    logits = model(**batch).logits[:, :-1]
+    target = labels[:, 1:]
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
+                                           ignore_index=-100, reduction="none")
+    count = (target != -100).sum().clamp(min=1)
+    return (ce * weights[:, 1:].reshape(-1)).sum() / count, ce.sum() / count
+
+
+def readout_targets(tok, labels, coordinate) -> tuple:
+    """Where the language model predicts a coordinate digit, and the box it is writing: (index,
+    targets). ``index`` holds (row, position) of each hidden state whose next token is a digit of a
+    grounding answer's box (``coordinate`` marks those digits among ``labels``); ``targets`` that
+    box, x1, y1, x2, y2 relative to the image (0-1). Digits next to each other form one number and
+    each four numbers one box, in the order the answer writes them."""
+    import torch
+
+    index, targets = [], []
+    for row in range(labels.shape[0]):
+        where = torch.nonzero(coordinate[row]).flatten().tolist()
+        numbers: list[list[int]] = []
+        for pos in where:
+            if numbers and numbers[-1][-1] == pos - 1:
+                numbers[-1].append(pos)
+            else:
+                numbers.append([pos])
+        for b in range(len(numbers) // 4):
+            parts = numbers[4 * b:4 * b + 4]
+            box = [int(tok.decode(labels[row, p])) / 1000 for p in parts]
+            for p in (pos for part in parts for pos in part):
+                index.append((row, p - 1))
+                targets.append(box)
+    return (torch.tensor(index, dtype=torch.long).reshape(-1, 2),
+            torch.tensor(targets, dtype=torch.float32).reshape(-1, 4))
 
 
 class Batcher:
     """Samples to padded model inputs, through the same preprocessing as serving."""
 
     def __init__(self, tokenizer, spec, image_token_id: int, targets: bool = False, video_spec=None,
-                 video_token_id: int = -1):
+                 video_token_id: int = -1, box_weight: float = 1.0, readout: bool = False):
         self.tok, self.spec, self.image_token_id = tokenizer, spec, image_token_id
         self.video_spec, self.video_token_id = video_spec, video_token_id
         self.pad = tokenizer.pad_token_id
         self.targets = targets
+        self.box_weight = box_weight
+        self.readout = readout
+        vocab = tokenizer.get_vocab()
+        self.digit_ids = [vocab[d] for d in "0123456789"]
+        self.underscore_id = vocab["_"]
 
     def encode(self, sample, extra=()):
         """Token ids and labels (-100 outside the answers) of a chat about one image or clip: the
@@ -251,6 +327,16 @@ class Batcher:
         clips = [p for s, (_, _, p) in zip(samples, rows) if isinstance(s, Clip)]
         batch = {"input_ids": ids, "attention_mask": mask, "labels": labels,
                  "mm_token_type_ids": (ids == self.image_token_id).int() + 2 * (ids == self.video_token_id).int()}
+        # the only digits a shape picture's answers write are a grounding answer's coordinates and
+        # the 2 of "bbox_2d" (the one after "_")
+        shapes = torch.tensor([not isinstance(s, Clip) and bool(s.objects) for s in samples])
+        after_underscore = torch.zeros_like(labels, dtype=torch.bool)
+        after_underscore[:, 1:] = labels[:, :-1] == self.underscore_id
+        coordinate = torch.isin(labels, torch.tensor(self.digit_ids)) & ~after_underscore & shapes[:, None]
+        if self.box_weight != 1.0:
+            batch["loss_weights"] = 1.0 + (self.box_weight - 1.0) * coordinate.float()
+        if self.readout:
+            batch["readout_index"], batch["readout_targets"] = readout_targets(self.tok, labels, coordinate)
         if pictures:
             batch["pixel_values"] = torch.from_numpy(np.concatenate([p.pixel_values for _, p in pictures]))
             batch["image_grid_thw"] = torch.tensor([list(p.grid_thw) for _, p in pictures])
@@ -265,15 +351,17 @@ class Batcher:
 
 
 def training_stream(seed: int, batch_size: int, extra_turns: int = 2, focus: tuple[str, ...] = (),
-                    mix: str = "classic", video_share: float = 0.0) -> Iterator[tuple[list, list]]:
+                    mix: str = "classic", video_share: float = 0.0,
+                    focus_share: float = 0.5) -> Iterator[tuple[list, list]]:
     """(samples, follow-up turns) of every training step, all drawn from one generator of ``seed``.
 
     The only source of training images: a test replays it to check that held-out images are not
-    among them. With ``focus``, half the samples ask one of those tasks (the rest follow the usual
+    among them. With ``focus``, ``focus_share`` of the samples ask one of those tasks (the rest follow the usual
     mix). ``mix`` "varied": CLASSIC_SHARE of the samples from the classic generator, the rest drawn
     in `render.IN_STYLE` with the training phrasings. ``video_share`` of the samples are clips
     (`clips.make_clip`, no follow-up turns); with 0 no draw is spent on them, so the streams of
-    runs without clips are what they were.
+    runs without clips are what they were. ``focus_share`` is the share of samples drawn from
+    ``focus`` (a task named twice is drawn twice as often).
     """
     if mix not in MIXES:
         raise ValueError(f"unknown mix {mix!r}; expected one of {MIXES}")
@@ -282,7 +370,7 @@ def training_stream(seed: int, batch_size: int, extra_turns: int = 2, focus: tup
     def one():
         if video_share and rng.random() < video_share:
             return make_clip(rng)
-        task = focus[int(rng.integers(len(focus)))] if focus and rng.random() < 0.5 else None
+        task = focus[int(rng.integers(len(focus)))] if focus and rng.random() < focus_share else None
         if mix == "classic":
             return make_sample(rng, task)
         if rng.random() < CLASSIC_SHARE and task != "locate":
@@ -325,7 +413,8 @@ def plot_loss(losses: list[float], path: Path) -> None:
 
 def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads: int, init: Path | None = None,
           warmup: int = 100, aux_weight: float = 1.0, extra_turns: int = 2, focus: tuple[str, ...] = (),
-          mix: str = "classic", video_share: float = 0.0, save_every: int = 0) -> dict:
+          mix: str = "classic", video_share: float = 0.0, save_every: int = 0, box_weight: float = 1.0,
+          focus_share: float = 0.5, readout_weight: float = 0.0, stop_at: int = 0) -> dict:
     import torch
     from tqdm import tqdm
     from transformers import Qwen3VLForConditionalGeneration
@@ -361,23 +450,34 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
     from ..engine.video import VideoSpec
 
     batcher = Batcher(tok, spec, ids["image_token_id"], targets=aux_weight > 0,
-                      video_spec=VideoSpec.from_checkpoint(out, pre), video_token_id=ids["video_token_id"])
+                      video_spec=VideoSpec.from_checkpoint(out, pre), video_token_id=ids["video_token_id"],
+                      box_weight=box_weight, readout=readout_weight > 0)
     # Training aid, not part of the checkpoint: a linear probe on the encoder's output tokens
     # predicts what lies under each token (shape, colour, character) and where the token is, read
     # through a hook.
     from .data import LABEL_CLASSES
 
-    probe = torch.nn.Linear(config.vision_config.out_hidden_size, sum(LABEL_CLASSES) + BOX_TARGETS + POSITION_TARGETS)
+    probe = torch.nn.Linear(config.vision_config.out_hidden_size,
+                            sum(LABEL_CLASSES) + BOX_TARGETS + POSITION_TARGETS + 4 * sum(DIGIT_CLASSES))
     tokens: list = []  # the encoder's output per call: a batch's pictures first, then its clips
     model.model.visual.merger.register_forward_hook(lambda _m, _i, out: tokens.append(out))
+    # Training aid on the language model's side (`--readout-weight`): where the answer writes a
+    # box's digits, a linear head on the last hidden state regresses the box itself, so the model
+    # learns to carry the coordinates it reads from the picture, ordered, not only their digit tokens.
+    readout = torch.nn.Linear(config.text_config.hidden_size, 4)
+    states: list = []
+    model.lm_head.register_forward_pre_hook(lambda _m, args: states.append(args[0]))
     params = list(model.named_parameters()) + [("probe." + n, p) for n, p in probe.named_parameters()]
+    if readout_weight > 0:
+        params += [("readout." + n, p) for n, p in readout.named_parameters()]
     decay = [p for n, p in params if p.ndim >= 2]
     no_decay = [p for n, p in params if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.98))
-    stream = training_stream(seed, batch_size, extra_turns, focus, mix, video_share)
+    stream = training_stream(seed, batch_size, extra_turns, focus, mix, video_share, focus_share)
     losses: list[float] = []
     token_losses: list[float] = []
+    readout_losses: list[float] = []
     t0 = time.time()
     previous = json.loads((init / "training.json").read_text()) if init and (init / "training.json").is_file() else None
 
@@ -388,7 +488,9 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
                    preprocessor=DEMO_PREPROCESSOR)
         info = {"steps": done, "steps_planned": steps, "seed": seed, "batch_size": batch_size, "lr": lr,
                 "warmup": warmup, "aux_weight": aux_weight, "extra_turns": extra_turns, "focus": list(focus),
-                "mix": mix, "video_share": video_share,
+                "mix": mix, "video_share": video_share, "box_weight": box_weight, "focus_share": focus_share,
+                "readout_weight": readout_weight,
+                "final_readout_loss": float(np.mean(readout_losses[-100:])) if readout_losses else None,
                 "minutes": (time.time() - t0) / 60, "continued_from": previous,
                 "first_loss": float(np.mean(losses[:5])), "final_loss": float(np.mean(losses[-100:])),
                 "final_token_loss": float(np.mean(token_losses[-100:])) if token_losses else None,
@@ -403,8 +505,15 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
             group["lr"] = lr_at(step, steps, lr, warmup)
         batch = batcher(*next(stream))
         targets = batch.pop("token_targets", None)
+        index, boxes = batch.pop("readout_index", None), batch.pop("readout_targets", None)
         tokens.clear()
-        loss = answer_loss = model(**batch).loss
+        states.clear()
+        loss, answer_loss = answer_losses(model, batch)
+        if index is not None and len(index):
+            read = torch.sigmoid(readout(states[0][index[:, 0], index[:, 1]]))
+            readout_loss = 10 * (read - boxes).pow(2).sum(-1).mean()
+            loss = loss + readout_weight * readout_loss
+            readout_losses.append(readout_loss.item())
         if targets is not None:
             token_loss = aux_loss(probe(tokens[0]), targets)
             loss = loss + aux_weight * token_loss
@@ -416,7 +525,10 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
         losses.append(answer_loss.item())
         if step % 10 == 0:
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}",
-                            **({"token_loss": f"{np.mean(token_losses[-50:]):.3f}"} if token_losses else {}))
+                            **({"token_loss": f"{np.mean(token_losses[-50:]):.3f}"} if token_losses else {}),
+                            **({"readout": f"{np.mean(readout_losses[-50:]):.3f}"} if readout_losses else {}))
+        if stop_at and step + 1 == stop_at:
+            return save(stop_at)  # a run stopped early, reproducibly: the rate schedule still follows `steps`
         if save_every and (step + 1) % save_every == 0 and step + 1 < steps:
             save(step + 1)  # a usable checkpoint if the run is stopped early; training.json says how far
             model.train()
@@ -461,6 +573,14 @@ def main(argv=None) -> int:
                     help="classic: the first generator and the presets; varied: mostly the many styles and phrasings")
     ap.add_argument("--video-share", type=float, default=0.0,
                     help="share of the samples that are generated clips (the video task; 0: none)")
+    ap.add_argument("--focus-share", type=float, default=0.5,
+                    help="share of the samples drawn from --focus (name a task twice to draw it twice as often)")
+    ap.add_argument("--box-weight", type=float, default=1.0,
+                    help="weight of a grounding answer's coordinate digits in the answer loss (1: plain loss)")
+    ap.add_argument("--readout-weight", type=float, default=0.0,
+                    help="weight of the box regression on the language model's state where it writes a box (0: off)")
+    ap.add_argument("--stop-at", type=int, default=0,
+                    help="end the run after this many steps, its learning-rate schedule still that of --steps (0: no)")
     ap.add_argument("--save-every", type=int, default=0,
                     help="also write the checkpoint every this many steps (0: only at the end)")
     args = ap.parse_args(argv)
@@ -472,7 +592,8 @@ def main(argv=None) -> int:
 
     info = train(args.out, args.steps, args.seed, args.batch_size, args.lr, args.threads or _physical_cores(),
                  args.init, args.warmup, args.aux_weight, args.extra_turns, tuple(args.focus), args.mix,
-                 args.video_share, args.save_every)
+                 args.video_share, args.save_every, args.box_weight, args.focus_share, args.readout_weight,
+                 args.stop_at)
     print(json.dumps(info, indent=2))
     return 0
 

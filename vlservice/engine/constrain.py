@@ -50,27 +50,29 @@ def _grammar(kind: str, schema_json: str) -> str:
     import llguidance
 
     schema = {"type": "object"} if kind == "json_object" else json.loads(schema_json)
-    try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
-    except (ValueError, TypeError) as exc:
-        raise GrammarError(str(exc)) from None
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
-    if is_error:
-        raise GrammarError(messages[0] if messages else "the schema cannot be compiled")
-    return grammar
+    return _compiled(lambda: llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS),  # type: ignore[arg-type]
+                     "the schema cannot be compiled")
 
 
 @lru_cache(maxsize=CACHE_GRAMMARS)
 def _lark(text: str) -> str:
     import llguidance
 
+    return _compiled(lambda: llguidance.LLMatcher.grammar_from_lark(text), "the grammar cannot be compiled")
+
+
+def _compiled(make, otherwise: str) -> str:
+    """The grammar ``make()`` builds, validated; `GrammarError` with llguidance's first reason (or
+    ``otherwise``) when it cannot be built or would not compile."""
+    import llguidance
+
     try:
-        grammar = llguidance.LLMatcher.grammar_from_lark(text)
+        grammar = make()
     except (ValueError, TypeError) as exc:
         raise GrammarError(str(exc)) from None
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
-        raise GrammarError(messages[0] if messages else "the grammar cannot be compiled")
+        raise GrammarError(messages[0] if messages else otherwise)
     return grammar
 
 

@@ -59,6 +59,16 @@ def _check_media(r, settings: Settings) -> None:
 
 
 
+def _max_pixels(item: int | None, detail: str | None, kw: "MMProcessorKwargs | None", by_detail) -> int:
+    """The pixel budget, first set wins: the item's own `max_pixels`, its `detail`, the request's
+    `mm_processor_kwargs.max_pixels`, the server's default for `detail` auto (``by_detail``)."""
+    if item is not None:
+        return item
+    if detail is None and kw is not None and kw.max_pixels is not None:
+        return kw.max_pixels
+    return by_detail(detail or "auto")
+
+
 def image_options(part: "ImagePart", kw: "MMProcessorKwargs | None", settings: Settings, where: str) -> dict:
     """An image part's resolved resolution: `max_pixels` from the `image_url` object's, the part's,
     `detail`, `mm_processor_kwargs`, the server's default (`detail` auto), first set wins;
@@ -69,12 +79,7 @@ def image_options(part: "ImagePart", kw: "MMProcessorKwargs | None", settings: S
                       (f"{where}.max_pixels", part.max_pixels))
     item_min = _first((f"{where}.image_url.min_pixels", inner and inner.min_pixels),
                       (f"{where}.min_pixels", part.min_pixels))
-    if item_max[1] is not None:
-        max_pixels = item_max[1]
-    elif detail is None and kw is not None and kw.max_pixels is not None:
-        max_pixels = kw.max_pixels
-    else:
-        max_pixels = settings.detail_pixels(detail or "auto")
+    max_pixels = _max_pixels(item_max[1], detail, kw, settings.detail_pixels)
     min_name, min_pixels = item_min if item_min[1] is not None else (
         ("mm_processor_kwargs.min_pixels", kw.min_pixels) if kw is not None and kw.min_pixels is not None
         else (None, None))
@@ -93,12 +98,7 @@ def video_options(part, kw: "MMProcessorKwargs | None", settings: Settings, wher
     detail = inner.detail if inner is not None else None
     item_max = _first((f"{where}.video_url.max_pixels", inner and inner.max_pixels),
                       (f"{where}.max_pixels", part.max_pixels))
-    if item_max[1] is not None:
-        max_pixels = item_max[1]
-    elif detail is None and kw is not None and kw.max_pixels is not None:
-        max_pixels = kw.max_pixels
-    else:
-        max_pixels = settings.video_frame_pixels(detail or "auto")
+    max_pixels = _max_pixels(item_max[1], detail, kw, settings.video_frame_pixels)
     fps = _first(("", inner and inner.fps), ("", part.fps), ("", kw and kw.fps))[1]
     max_frames = _first(("", inner and inner.max_frames), ("", part.max_frames))[1]
     min_frames_name, min_frames = _first((f"{where}.video_url.min_frames", inner and inner.min_frames),
@@ -108,7 +108,6 @@ def video_options(part, kw: "MMProcessorKwargs | None", settings: Settings, wher
     return {"max_pixels": max_pixels, "fps": fps, "max_frames": max_frames, "min_frames": min_frames,
             "min_frames_name": min_frames_name, "given": given, "detail": detail or "auto",
             "max_from_item": item_max[1] is not None or detail is not None}
-
 
 
 def _parts(content, where: str, settings: Settings, fetch_remote, kw: MMProcessorKwargs | None = None) -> list:

@@ -79,7 +79,10 @@ def _closure(tokens: set, ranks: dict) -> set:
     return out
 
 
-def _vocab_and_merges(vocab_limit: int | None, keep_texts=()):
+@functools.lru_cache(maxsize=4)
+def _vocab_and_merges(vocab_limit: int | None, keep_texts: tuple[str, ...] = ()):
+    """The vocabulary and merges of `build_tokenizer`; pure, so kept per process (a demo training run
+    builds the same tokenizer at the start and at every checkpoint). Callers must not change them."""
     ranks = _ranks()
     if vocab_limit is not None:
         keep = {tok for tok, r in ranks.items() if r < vocab_limit}

@@ -8,8 +8,8 @@ cache to the shared prefix and prefills only the rest; images inside the prefix 
 encoded nor even looked up. An identical repeated request prefills one token.
 
 Entries are evicted least recently used, bounded in bytes (`VL_KV_CACHE_MB`). An entry is taken
-out while a request extends it (one model lock: no two users of one cache at a time) and stored
-back, extended, afterwards.
+out while a request extends it (so no two sequences write one entry) and stored back, extended,
+afterwards; the scheduler's thread takes and puts, and `stats()` may read from any thread.
 """
 
 from __future__ import annotations
