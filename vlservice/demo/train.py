@@ -466,9 +466,9 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
     # learns to carry the coordinates it reads from the picture, ordered, not only their digit tokens.
     readout = torch.nn.Linear(config.text_config.hidden_size, 4)
     states: list = []
-    model.lm_head.register_forward_pre_hook(lambda _m, args: states.append(args[0]))
     params = list(model.named_parameters()) + [("probe." + n, p) for n, p in probe.named_parameters()]
     if readout_weight > 0:
+        model.lm_head.register_forward_pre_hook(lambda _m, args: states.append(args[0]))
         params += [("readout." + n, p) for n, p in readout.named_parameters()]
     decay = [p for n, p in params if p.ndim >= 2]
     no_decay = [p for n, p in params if p.ndim < 2]
