@@ -7,9 +7,15 @@ imports; `vlservice.config` is cheap to import (no torch).
   the weights are shared copy-on-write between workers instead of loaded twice.
 - gthread workers: one thread streams a generation while others answer /healthz, /api/stats and
   the page. The model itself belongs to one scheduler thread per worker, which batches the
-  running requests (VL_MAX_BATCH) while the rest wait in a bounded queue (VL_QUEUE_SIZE). Our
-  subclass (vlservice/http/worker.py) reads each request whole in the worker's main loop before a
-  thread gets it, so slow clients cannot take the threads (VL_REQUEST_READ_TIMEOUT_S, else 408).
+  running requests (VL_MAX_BATCH) while the rest wait in a bounded queue (VL_QUEUE_SIZE).
+- HTTP framing is Gunicorn's own (stock gthread, its parser and its request limits below), never
+  ours. A malformed request gets Gunicorn's 400 (in OpenAI's error shape:
+  vlservice/http/parse_errors.py) and the worker goes on. What stock gthread does not
+  bound is time: a client that sends its headers or body slowly holds a thread (after a 5 s wait
+  for its first byte) for as long as it keeps sending, and a `Connection: close` peer that never
+  closes is drained for 2 s on the main loop. So direct Gunicorn is for a trusted network; anything
+  a network reaches goes through nginx, which buffers whole requests before Gunicorn sees them
+  (the Docker image runs it in front; README, Settings and deployment).
 - post_worker_init: torch and ONNX Runtime thread pools are not fork-safe, so each worker sets
   its threads, opens its ONNX Runtime session and warms up after the fork (in a background
   thread: /healthz answers at once, /readyz says 503 until the warm-up is done). VL_DEFER_START
@@ -31,13 +37,21 @@ imports; `vlservice.config` is cheap to import (no torch).
 import os
 
 from vlservice.config import Settings
+from vlservice.http import parse_errors
+
+parse_errors.install()  # Gunicorn's refusals (malformed requests) in OpenAI's error shape
 
 os.environ.setdefault("VL_DEFER_START", "1")  # for wsgi.py: start in post_worker_init, after the fork
 _settings = Settings.from_env()  # names starting with "_" are not Gunicorn settings
 
 bind = _settings.bind
 workers = _settings.workers
-worker_class = "vlservice.http.worker.ReadAheadWorker"  # gthread that reads requests whole first
+worker_class = "gthread"
+# Gunicorn's own request limits (its defaults, stated): the request line, the number of header
+# fields and the size of one; larger gets Gunicorn's 400 (431 through nginx's smaller buffers).
+limit_request_line = 4094
+limit_request_fields = 100
+limit_request_field_size = 8190
 threads = _settings.http_threads
 preload_app = True
 timeout = _settings.worker_timeout

@@ -110,7 +110,6 @@ class Settings:
     bind: str = "0.0.0.0:8000"
     http_threads: int = 16  # threads per worker: the page, stats and health answer during a generation
     worker_timeout: int = 120  # stuck-worker timeout (a long generation does not trip it)
-    request_read_timeout_s: float = 30.0  # a request's headers and body must arrive within this (else 408)
     graceful_timeout: int = 30  # seconds a worker gets to finish its requests on shutdown
     access_log: str = "-"  # "-" = stdout, or a file path
     # Set by gunicorn.conf.py, not by users: wsgi.py builds the app before the fork without

@@ -155,8 +155,8 @@ def test_nginx_and_the_ingress_buffer_requests_whole_before_a_replica_sees_them(
         == nginx_size(ann[prefix + "client-body-buffer-size"])
     header = int(re.search(r"^\s*client_header_timeout (\d+)s;", template, re.M).group(1))
     body = int(re.search(r"^\s*client_body_timeout (\d+)s;", template, re.M).group(1))
-    # nginx gives up on a slow client no later than a replica would (its deadline is for the whole request)
-    assert header <= DEFAULTS.request_read_timeout_s and body <= DEFAULTS.request_read_timeout_s
+    # a slow sender is cut off within half a minute of silence (Gunicorn itself would wait forever)
+    assert header <= 30 and body <= 30
 
 
 def test_compose_scale_runs_what_the_tests_start():

@@ -5,15 +5,16 @@ feature-cache keys, and the chat rendered to a prompt with each item's tokens in
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from typing import Callable
 
 from ..config import Settings
-from ..errors import APIError, QueueTimeout
+from ..errors import APIError, ContextLengthExceeded, QueueTimeout
 from . import images as imgs
 from . import video as vid
 from .caches import feature_key
-from .prompt import Prompt, build_prompt
+from .prompt import Prompt, build_prompt, text_tokens_at_least
 from .types import ImageInput, VideoInput
 
 
@@ -82,6 +83,22 @@ class MediaPreparer:
             prepared.append(p)
             keys.append(feature_key(p.digest, p.grid_thw, budget, model_fp, encoder))
         return prepared, keys, {"image_decode_ms": decode_s * 1e3, "preprocess_ms": prep_s * 1e3, **video_timings}
+
+
+def check_text_fits(tokenizer, messages: list, tools: list, max_tokens: int, context: int) -> None:
+    """Refuses a request whose text alone cannot fit the context, before the chat template renders
+    it or the tokenizer reads it whole: their memory grows about 200x a text's size, this check's
+    stays bounded (`text_tokens_at_least`)."""
+    texts = [p for m in messages for p in m.parts if isinstance(p, str)]
+    texts += [c["name"] + c["arguments"] for m in messages for c in m.tool_calls]
+    if tools:
+        texts.append(json.dumps(tools, ensure_ascii=False))
+    budget = context - max_tokens
+    need = text_tokens_at_least(tokenizer, texts, budget)
+    if need > budget:
+        raise ContextLengthExceeded(
+            f"the request's text alone needs at least {need} tokens plus max_tokens={max_tokens}, more than "
+            f"the context limit of {context} tokens", param="messages")
 
 
 def chat_prompt(tokenizer, messages: list, prepared: list, tools: list | None = None) -> Prompt:

@@ -150,6 +150,64 @@ def _vocab(tokenizer) -> _Vocab:
     return _Vocab(Tokenizer.from_str(json.dumps(spec)), re.compile(f"({'|'.join(map(re.escape, names))})"), ids)
 
 
+# Qwen2's pre-tokenizer (Split on this pattern, then ByteLevel): no piece it cuts text into runs
+# from a non-space character into a following space, and it looks back at nothing, so text cut
+# just before such a space tokenizes as its two halves do, id for id.
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+_CUT = re.compile(r"(?<=\S) ")
+SLICE_CHARS = 16_384  # text tokenized at a time while counting: the tokenizer's memory is per slice
+
+
+@dataclass(frozen=True)
+class _Bound:
+    longest: int  # bytes of the longest token of the plain vocabulary: tokens >= bytes / longest
+    cuts: bool  # the pre-tokenizer is Qwen2's, so text may be counted slice by slice
+
+
+@lru_cache(maxsize=8)
+def _bound(tokenizer) -> _Bound:
+    vocab = _vocab(tokenizer)
+    spec = json.loads(tokenizer.backend_tokenizer.to_str()).get("pre_tokenizer") or {}
+    splits = [p for p in spec.get("pretokenizers", []) if p.get("type") == "Split"]
+    cuts = len(splits) == 1 and splits[0].get("pattern", {}).get("Regex") == _QWEN2_SPLIT
+    longest = max(len(t.encode("utf-8")) for t in vocab.plain.get_vocab())
+    return _Bound(longest=max(1, longest), cuts=cuts)
+
+
+def text_tokens_at_least(tokenizer, texts: list[str], stop_at: int) -> int:
+    """A lower bound of the tokens `texts` take as text, computed in memory bounded by
+    `SLICE_CHARS` and stopping once it passes `stop_at`: work before a request is refused for its
+    length is bounded by the context, not by the text's size. Exact where the text can be cut at
+    a space that follows a non-space within every `SLICE_CHARS`; elsewhere characters / the
+    longest token's bytes, which no tokenization can go below."""
+    b = _bound(tokenizer)
+    total = 0
+    for text in texts:
+        size = len(text)  # characters: no more than its UTF-8 bytes, and costs no copy
+        if (total + size // b.longest > stop_at) or not b.cuts:
+            total += size // b.longest
+        else:
+            total += _count_slices(_vocab(tokenizer).plain, text, stop_at - total, b.longest)
+        if total > stop_at:
+            break
+    return total
+
+
+def _count_slices(plain: Tokenizer, text: str, stop_at: int, longest: int) -> int:
+    total, start = 0, 0
+    while start < len(text) and total <= stop_at:
+        end = len(text)
+        if end - start > SLICE_CHARS:
+            cut = _CUT.search(text, start + SLICE_CHARS // 2, start + SLICE_CHARS)
+            if cut is None:  # no safe cut near: the rest counts by its bytes
+                return total + (len(text) - start) // longest
+            end = cut.start()
+        total += len(plain.encode(text[start:end], add_special_tokens=False).ids)
+        start = end
+    return total
+
+
 def encode(tokenizer, segments: list[tuple[str, bool]]) -> list[int]:
     """Token ids of (text, trusted) segments in order: the added tokens' strings in a trusted
     segment (the template's, the server's) are control tokens; everything else is text, and

@@ -42,7 +42,7 @@ from .generation import Generation, Work
 from .inputs import ModelInputs
 from .lm import LeanLM, SeqPos
 from .ortdecode import SplitLM
-from .prepare import MediaPreparer, chat_prompt, media_tokens
+from .prepare import MediaPreparer, chat_prompt, check_text_fits, media_tokens
 from .reclaim import malloc_trim, release_file_pages
 from .scheduler import Scheduler
 from .types import ChatRequest, Event, ImageInput, Message, Sampling
@@ -294,6 +294,7 @@ class VLModelService:
         (one decode turn each), its prompt, its cache keys."""
         assert self.encoder is not None, "ready: start() loaded the encoder"
         s = request.sampling
+        check_text_fits(self.tokenizer, request.messages, request.tools, s.max_tokens, self.settings.max_context_tokens)
         constraint, compile_s = None, 0.0
         if s.grammar:  # `response_format`: the matcher is built here (a bad schema is refused before any
             t = time.perf_counter()  # decode), never on the scheduler's thread

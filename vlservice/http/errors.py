@@ -7,10 +7,11 @@ import json
 import logging
 
 from flask import Flask, Response, request
+from gunicorn.http.errors import NoMoreData, ParseException
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from ..config import Settings
-from ..errors import APIError, EngineError, NotFound, PayloadTooLarge
+from ..errors import APIError, EngineError, InvalidRequest, NotFound, PayloadTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,15 @@ def init_app(app: Flask, settings: Settings) -> None:
     def too_large(exc):
         return api_error(PayloadTooLarge(
             f"the request body is larger than the limit of {settings.max_request_bytes} bytes"))
+
+    @app.errorhandler(ParseException)
+    @app.errorhandler(NoMoreData)
+    def bad_framing(exc):
+        """Gunicorn frames the body as the route reads it: a malformed chunk (a size of `-5`,
+        `0x2`, `+2`) or a body cut short is the client's fault. Gunicorn then closes the
+        connection, since the next request's start cannot be found."""
+        return api_error(InvalidRequest(f"the request body's framing is malformed ({type(exc).__name__})",
+                                        code="invalid_framing"))
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):

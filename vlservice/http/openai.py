@@ -65,6 +65,7 @@ def _count_chat(response: Response) -> Response:
 def chat_completions():
     ctx = current()
     record = g.chat_record = ctx.metrics.chat_started()
+    _check_length()
     if not request.is_json:
         raise InvalidRequest("the request body must be valid JSON (Content-Type: application/json)",
                              code="invalid_json")
@@ -118,12 +119,20 @@ def _finish(reason: str, called: bool) -> str:
     return "tool_calls" if called and reason == "stop" else reason
 
 
+def _check_length() -> None:
+    """A `Content-Length` over the limit: a 413 from the header alone, before anything is read
+    (werkzeug would hand the route an empty body)."""
+    limit = request.max_content_length
+    if limit is not None and (request.content_length or 0) > limit:
+        raise RequestEntityTooLarge()
+
+
 def _read_body() -> bytes:
     """The request body, at most `MAX_CONTENT_LENGTH` bytes, else a 413 (http/errors.py). Werkzeug
     refuses a larger Content-Length, but a chunked body (no Content-Length) it cuts at the limit
     without a word, so a body over the limit became a JSON error (400) from its first part."""
-    data = request.get_data(cache=False)
     limit = request.max_content_length
+    data = request.get_data(cache=False)
     if limit is not None and len(data) >= limit and request.input_stream.read(1):
         raise RequestEntityTooLarge()
     return data

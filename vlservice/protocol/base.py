@@ -13,6 +13,8 @@ VIDEO_TYPES = {"video/mp4": "mp4", "video/quicktime": "mp4", "video/webm": "webm
                "video/avi": "avi", "video/x-msvideo": "avi"}
 MAX_STOP = 4
 MAX_DEPTH = 32  # JSON nesting of a request body; a chat request needs 6
+MAX_JSON_VALUES = 50_000  # values in a request body (numbers, strings, objects, ...): 128 tools with
+# rich schemas take some thousands; each costs the parser about 100 bytes (docs/operations.md)
 MAX_STOP_CHARS = 64
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
 INTEGERS = ("max_tokens", "max_completion_tokens", "min_tokens", "top_k", "seed", "n", "top_logprobs")
