@@ -96,12 +96,16 @@ class Settings:
     disk_cache_mb: int = 2048  # disk tier; 0 turns it off
     # Several replicas (README "Several replicas"): the caches' shared tier, and who answered.
     redis_url: str = ""  # redis://host:6379/0; empty: no shared tier (each replica caches alone)
+    # Redis' `requirepass` (AUTH), kept out of the URL so it is never shown; a password in the URL works too
+    redis_password: str = field(default="", repr=False)
     redis_timeout_s: float = 0.25  # a whole Redis call (not per socket op); slower is an outage (local caches only)
     redis_ttl_s: int = 86400  # shared entries expire after this (0: never; Redis' maxmemory LRU still bounds them)
     replica_name: str = ""  # the X-Served-By header; empty: the host name (the pod's name in Kubernetes)
     warmup: bool = True
     malloc_trim: bool = True  # return freed heap to the system when the model goes idle (glibc)
-    api_key: str = ""  # empty: no auth on /v1/*
+    api_key: str = ""  # empty: no auth on /v1/*; comma separated for several keys (each a tenant)
+    api_keys: str = ""  # named tenants' keys, "name:key,name:key" (beside or instead of api_key)
+    priority_tenants: str = ""  # tenants whose X-Request-Priority is honoured ("*": all); without keys, all
     cors_origins: str = ""  # comma separated; empty: CORS off
     remote_images: str = ""  # comma separated https host allowlist; empty: remote URLs refused
     remote_image_timeout_s: float = 5.0
@@ -165,6 +169,11 @@ class Settings:
                 raise ValueError(f"VL_{name.upper()} must be >= 1, got {getattr(self, name)}")
         if not 1 <= self.default_max_tokens <= self.max_tokens_cap:
             raise ValueError("VL_DEFAULT_MAX_TOKENS must be between 1 and VL_MAX_TOKENS_CAP")
+
+    @property
+    def auth(self) -> bool:
+        """API keys are set: /v1/* (and the stats) need one."""
+        return bool(self.api_key.strip(", ") or self.api_keys.strip(", "))
 
     @property
     def num_threads(self) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from vlservice.engine import policy
-from vlservice.engine.policy import ALONE_CHUNK, FIRST_CHUNK, GAP_STEPS, MIN_CHUNK, SeqState, Waiter
+from vlservice.engine.policy import ALONE_CHUNK, FIRST_CHUNK, GAP_STEPS, MIN_CHUNK, SeqState, Waiter, admit, fair_share
 
 NOW, TIMEOUT = 100.0, 30.0
 
@@ -120,3 +120,18 @@ def test_small_chunks_and_unmeasured_steps_teach_nothing():
     assert policy.token_cost(0.002, spent=1.0, step=0.05, n=MIN_CHUNK - 1) == 0.002
     assert policy.token_cost(0.002, spent=1.0, step=None, n=64) == 0.002
     assert policy.token_cost(None, spent=1.0, step=None, n=64) is None
+
+
+def test_free_slots_go_round_the_tenants_within_a_priority():
+    w = [Waiter(1, i, 0.0, tenant=t) for i, t in enumerate(["a", "a", "a", "b", "a", "c"])]
+    # a already runs two: b and c first, then a's oldest
+    assert admit(w, 3, 0.0, 60.0, running={"a": 2}).admit == [3, 5, 0]
+    # alone, a tenant takes every slot, first come first served
+    assert admit(w[:3], 3, 0.0, 60.0).admit == [0, 1, 2]
+    # priority still comes first
+    w.append(Waiter(0, 9, 0.0, tenant="a"))
+    assert admit(w, 1, 0.0, 60.0, running={"a": 5}).admit == [6]
+
+
+def test_a_fair_share_of_places_is_equal_rounded_up_and_never_zero():
+    assert [fair_share(10, n) for n in (0, 1, 2, 3, 4, 20)] == [10, 10, 5, 4, 3, 1]

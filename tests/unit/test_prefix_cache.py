@@ -111,3 +111,15 @@ def test_shared_prefix_never_ends_inside_an_image():
     assert shared_prefix(a, imgs_a, a, [(2, 5, "y")]) == 2  # another image: cut before it
     b = np.array([1, 2, 9, 9, 5])
     assert shared_prefix(a, imgs_a, b, [(2, 4, "x")]) == 2  # differs inside the image run
+
+
+def test_a_tenant_never_reuses_another_tenants_conversation():
+    a = conversation(0)
+    cache = PrefixCache(max_bytes=10 * ONE)
+    cache.put(a, [], filled(a), tenant="alice")
+    longer = np.concatenate([a, conversation(500, 8)])
+    assert cache.take(longer, [], "bob") == (None, 0)
+    cache.put(longer, [], filled(longer), tenant="bob")
+    assert cache.stats()["entries"] == 2  # bob's longer conversation does not replace alice's
+    entry, shared = cache.take(longer, [], "alice")
+    assert entry is not None and shared == len(a)

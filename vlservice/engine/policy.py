@@ -36,6 +36,7 @@ class Waiter:
     arrival: int  # submission order: ties within a priority go first come, first served
     t_submit: float  # when it was submitted (perf_counter seconds)
     cancelled: bool = False  # its caller gave up
+    tenant: str = ""  # whose request it is (an API key's tenant; "" without keys)
 
 
 def leaving(cancelled: bool, waited_s: float, timeout_s: float) -> str | None:
@@ -55,14 +56,30 @@ class Admission(NamedTuple):
     admit: list[int]
 
 
-def admit(waiting: list[Waiter], free: int, now: float, timeout_s: float) -> Admission:
-    """Cancelled and timed-out waiters leave, then the best (priority, arrival) of the others
-    take the `free` slots. Leaving holds no slot: it cannot keep a live request waiting."""
+def admit(waiting: list[Waiter], free: int, now: float, timeout_s: float,
+          running: dict[str, int] | None = None) -> Admission:
+    """Cancelled and timed-out waiters leave, then the others take the `free` slots one at a time:
+    the best priority first, within it the tenant with the fewest sequences running (`running`,
+    counting those admitted here), then the earliest arrival. So a tenant gets its fair share of
+    the batch while others wait, and all of it when alone. Leaving holds no slot: it cannot keep a
+    live request waiting."""
     gone = [i for i, w in enumerate(waiting) if leaving(w.cancelled, now - w.t_submit, timeout_s)]
     left = set(gone)
-    rest = sorted((i for i in range(len(waiting)) if i not in left),
-                  key=lambda i: (waiting[i].priority, waiting[i].arrival))
-    return Admission(gone, rest[:max(0, free)])
+    rest = [i for i in range(len(waiting)) if i not in left]
+    counts = dict(running or {})
+    chosen: list[int] = []
+    for _ in range(max(0, min(free, len(rest)))):
+        best = min(rest, key=lambda i: (waiting[i].priority, counts.get(waiting[i].tenant, 0), waiting[i].arrival))
+        rest.remove(best)
+        chosen.append(best)
+        counts[waiting[best].tenant] = counts.get(waiting[best].tenant, 0) + 1
+    return Admission(gone, chosen)
+
+
+def fair_share(places: int, tenants: int) -> int:
+    """Queue places (waiting or running) one tenant may hold while `tenants` tenants are active:
+    an equal share, rounded up, at least one."""
+    return max(1, -(-places // max(1, tenants)))
 
 
 def ready(waiting: int, running: int, max_batch: int, runnable: bool) -> bool:

@@ -185,10 +185,13 @@ class Scheduler:
         """Take out of the queue what `policy.admit` lets leave now: cancelled or timed-out waiters
         (`_admit` gives them their error) and, while slots are free, the best waiters. Called with
         the condition held."""
-        waiters = [policy.Waiter(rank, arrival, gen.work.t_submit, gen.cancelled.is_set())
+        waiters = [policy.Waiter(rank, arrival, gen.work.t_submit, gen.cancelled.is_set(), gen.request.tenant)
                    for rank, arrival, gen in self._waiting]
+        running: dict[str, int] = {}
+        for seq in self.running:
+            running[seq.gen.request.tenant] = running.get(seq.gen.request.tenant, 0) + 1
         gone, admit = policy.admit(waiters, self.max_batch - len(self.running), time.perf_counter(),
-                                   self.queue_timeout_s)
+                                   self.queue_timeout_s, running)
         if not gone and not admit:
             return []
         taken = set(gone) | set(admit)
@@ -252,7 +255,7 @@ class Scheduler:
         """KV from the conversation cache, the features still needed, the prompt's inputs."""
         svc, prompt = self.service, seq.prompt
         ids = np.asarray(prompt.input_ids, dtype=np.int64)
-        entry, shared = svc.kv.take(ids, seq.images)
+        entry, shared = svc.kv.take(ids, seq.images, seq.gen.request.tenant)
         if entry is not None:
             seq.kv = entry.cache
             if shared == len(prompt) == entry.prompt_len and entry.prompt_logits is not None:
@@ -419,7 +422,7 @@ class Scheduler:
             self.service.kv.put(np.asarray(seq.fed[:kv.length], dtype=np.int64),
                                 [im for im in seq.images if im[1] <= kv.length], kv,
                                 prompt_len=len(seq.prompt) if whole else 0,
-                                prompt_logits=seq.prompt_logits if whole else None)
+                                prompt_logits=seq.prompt_logits if whole else None, tenant=seq.gen.request.tenant)
 
     def _finish(self, seq: Sequence, finish: str) -> None:
         self._release(seq)

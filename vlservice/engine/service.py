@@ -36,7 +36,7 @@ from . import images as imgs
 from . import video as vid
 from .caches import FeatureCache, PrefixCache, ResultCache, SharedStore
 from .checkpoints import DEMO_NOTICE, ModelSource, resolve
-from .constrain import GrammarError, Grammars, explain
+from .constrain import GrammarError, Grammars, explain, param_of
 from .counters import Counters
 from .generation import Generation, Work
 from .inputs import ModelInputs
@@ -45,6 +45,7 @@ from .ortdecode import SplitLM
 from .prepare import MediaPreparer, chat_prompt, check_text_fits, media_tokens
 from .reclaim import malloc_trim, release_file_pages
 from .scheduler import Scheduler
+from .tenants import TenantShares
 from .types import ChatRequest, Event, ImageInput, Message, Sampling
 
 if TYPE_CHECKING:
@@ -102,6 +103,7 @@ class VLModelService:
         self.step_listeners: list = []  # callables(batch size) after every decode step (metrics)
         # the running requests (VL_MAX_BATCH) and the ones allowed to wait for a slot
         self._slots = threading.BoundedSemaphore(settings.queue_size + settings.max_batch)
+        self.tenants = TenantShares(settings.queue_size + settings.max_batch, settings.queue_timeout_s)
         self._active: dict[str, Generation] = {}
         self._active_lock = threading.Lock()
         self.cache: FeatureCache | None = None
@@ -196,7 +198,8 @@ class VLModelService:
         disk_dir = self.settings.cache_path / "features" if self.settings.disk_cache_mb > 0 else None
         if self.settings.redis_url:  # a connection pool per worker: sockets do not survive a fork
             self.shared = SharedStore(self.settings.redis_url, f"vlservice:{self.model_fp[:16]}",
-                                      self.settings.redis_timeout_s, self.settings.redis_ttl_s)
+                                      self.settings.redis_timeout_s, self.settings.redis_ttl_s,
+                                      password=self.settings.redis_password)
         self.cache = FeatureCache(self.settings.feature_cache_mb << 20, disk_dir, self.settings.disk_cache_mb << 20,
                                   shared=self.shared)
         self.kv = PrefixCache(self.settings.kv_cache_mb << 20)
@@ -260,15 +263,21 @@ class VLModelService:
         assert self.encoder is not None, "ready: start() loaded the encoder"
         self._check_sampling(request.sampling)
         t0 = time.perf_counter()
-        # Admission first: a full queue is refused before any image or clip is decoded.
-        if not self._slots.acquire(blocking=False):
+        # Admission first: a full queue, or a tenant past its share, is refused before any image or
+        # clip is decoded.
+        share = self.tenants.enter(request.tenant)
+        if share is None or not self._slots.acquire(blocking=False):
+            if share is not None:
+                self.tenants.leave(request.tenant)
             self.counters.add("busy")
-            raise Busy(f"the server is busy ({self.settings.queue_size} requests already waiting); retry later",
-                       retry_after=self.retry_after())
+            raise Busy(f"the server is busy ({self.settings.queue_size} requests already waiting); retry later"
+                       if share is not None else "this API key has its fair share of the server's places in use "
+                       "while other keys wait; retry later", retry_after=self.retry_after())
         try:
             work = self._work(request, t0)
         except BaseException:
             self._slots.release()  # not registered yet: nothing else gives the slot back
+            self.tenants.leave(request.tenant)
             raise
         self.counters.add("requests")
         gen = Generation(self, request, work)
@@ -301,10 +310,11 @@ class VLModelService:
             try:
                 constraint = self.grammars.constraint(s.grammar)
             except GrammarError as exc:
-                raise InvalidRequest(f"`response_format` cannot be used with this model's tokenizer: {explain(exc)}",
-                                     param="response_format", code="invalid_schema") from None
+                raise InvalidRequest(f"`{param_of(s.grammar)}` cannot be used with this model's tokenizer: "
+                                     f"{explain(exc)}", param=param_of(s.grammar), code="invalid_schema") from None
             compile_s = time.perf_counter() - t
-        prepared, keys, media_timings = self.media.prepare(request.media, self.model_fp, self.encoder.name)
+        space = self.model_fp + (f"/{request.tenant}" if request.tenant else "")  # no cache shared across tenants
+        prepared, keys, media_timings = self.media.prepare(request.media, space, self.encoder.name)
         prompt = chat_prompt(self.tokenizer, request.messages, prepared, request.tools)
         if len(prompt) + s.max_tokens > self.settings.max_context_tokens:
             raise ContextLengthExceeded(
@@ -316,7 +326,7 @@ class VLModelService:
         images = [(a, b, k) for (a, b), k in zip(spans, keys)]
         result_key = None
         if request.result_cache and s.greedy and s.logprobs is None:  # the cache keeps no log probabilities
-            result_key = ResultCache.key(self.model_fp, self.encoder.name, prompt.input_ids, keys, s)
+            result_key = ResultCache.key(space, self.encoder.name, prompt.input_ids, keys, s)
         timings = {**media_timings,
                    **({"grammar_compile_ms": compile_s * 1e3} if constraint is not None else {}),
                    "submit_ms": (time.perf_counter() - t0) * 1e3}
@@ -324,10 +334,11 @@ class VLModelService:
                     constraint=constraint, timings=timings, t_submit=time.perf_counter(),
                     queue_position=self.queue_depth() + self.running())
 
-    def cancel(self, request_id: str) -> bool:
+    def cancel(self, request_id: str, tenant: str = "") -> bool:
+        """Cancels a running request of `tenant` (another tenant's is not found)."""
         with self._active_lock:
             gen = self._active.get(request_id)
-        if gen is None:
+        if gen is None or gen.request.tenant != tenant:
             return False
         gen.cancel()
         if self.scheduler is not None:
@@ -414,6 +425,7 @@ class VLModelService:
             if self._active.pop(gen.id, None) is None:
                 return
         self._slots.release()
+        self.tenants.leave(gen.request.tenant)
 
     # ----------------------------------------------------------------- convenience and stats
     def chat(self, request: ChatRequest) -> dict:

@@ -68,6 +68,7 @@ class ChatRequest:
     priority: str = "default"
     result_cache: bool = True  # an identical greedy request may be answered from the result cache
     tools: list = field(default_factory=list)  # OpenAI's tool objects, rendered by the chat template
+    tenant: str = ""  # the API key's tenant ("" without keys): its fair share, its own caches and cancels
     id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex[:24])
 
     @property

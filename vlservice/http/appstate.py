@@ -27,6 +27,14 @@ class AppState:
         self.fetch_remote = RemoteFetcher(settings) if settings.remote_images else None
         self._start_lock = threading.Lock()
 
+    def priority_allowed(self, tenant: str) -> bool:
+        """Whether `tenant` may set X-Request-Priority: always without API keys (one tenant only
+        reorders its own requests); with keys, the tenants VL_PRIORITY_TENANTS names ("*": all)."""
+        if not self.settings.auth:
+            return True
+        allowed = {t.strip() for t in self.settings.priority_tenants.split(",") if t.strip()}
+        return "*" in allowed or tenant in allowed
+
     def start(self) -> None:
         """In the worker process: the sampler thread, then the model's threads and warm-up."""
         with self._start_lock:

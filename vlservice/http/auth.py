@@ -1,8 +1,10 @@
 """API keys and CORS.
 
-Keys: every `/v1/` route needs `Authorization: Bearer <key>` when `VL_API_KEY` is set (new routes
-are protected by default); the token is compared with every key in constant time, whatever
-matches. Health, readiness, metrics and the page stay public. CORS is off unless origins are
+Keys: every `/v1/` route needs `Authorization: Bearer <key>` when `VL_API_KEY` or `VL_API_KEYS` is
+set (new routes are protected by default); the token is compared with every key in constant time,
+whatever matches. Each key is a tenant (`g.tenant`, its name): a tenant gets its fair share of the
+queue and the batch, cancels only its own requests, and shares no cache with another
+(docs/operations.md, Tenants). Health, readiness, metrics and the page stay public. CORS is off unless origins are
 listed; there is no wildcard.
 """
 
@@ -10,14 +12,26 @@ from __future__ import annotations
 
 import secrets
 
-from flask import Flask, Response, request
+from flask import Flask, Response, g, request
 
 from ..config import Settings
 from ..errors import AuthenticationError
 
 
+def tenant_keys(settings: Settings) -> dict[str, str]:
+    """key -> tenant name. `VL_API_KEYS` names its keys (`name:key,...`); the keys of `VL_API_KEY`
+    (one, or several separated by commas) are tenants `default`, or `key1`, `key2`, ..."""
+    plain = [k.strip() for k in settings.api_key.split(",") if k.strip()]
+    keys = {key: ("default" if len(plain) == 1 else f"key{i + 1}") for i, key in enumerate(plain)}
+    for entry in filter(None, (e.strip() for e in settings.api_keys.split(","))):
+        name, _, key = entry.partition(":")
+        keys[key.strip()] = name.strip()
+    return keys
+
+
 def init_app(app: Flask, settings: Settings) -> None:
-    keys = [k.strip() for k in settings.api_key.split(",") if k.strip()]
+    named = tenant_keys(settings)
+    keys = list(named)
     origins = {o.strip() for o in settings.cors_origins.split(",") if o.strip()}
 
     @app.before_request
@@ -26,11 +40,13 @@ def init_app(app: Flask, settings: Settings) -> None:
             return None
         given = request.headers.get("Authorization", "")
         token = given[7:] if given.startswith("Bearer ") else ""
-        ok = False
+        tenant = None
         for key in keys:  # compare with every key, in constant time, whatever matches
-            ok |= secrets.compare_digest(token.encode(), key.encode())
-        if not ok:
+            if secrets.compare_digest(token.encode(), key.encode()):
+                tenant = named[key]
+        if tenant is None:
             raise AuthenticationError("a valid API key is required: send `Authorization: Bearer <key>`")
+        g.tenant = tenant
         return None
 
     @app.after_request

@@ -43,7 +43,7 @@ def models():
 
 @bp.post("/v1/chat/completions/<request_id>/cancel")
 def cancel(request_id: str):
-    if not current().service.cancel(request_id):
+    if not current().service.cancel(request_id, g.get("tenant", "")):
         raise NotFound(f"no running request with id {request_id!r}", param="id")
     return _json(ChatCompletionCancel(id=request_id, object="chat.completion.cancel", cancelled=True))
 
@@ -72,8 +72,10 @@ def chat_completions():
     body = load_body(_read_body())
     req, opts = parse_chat(body, ctx.settings, ctx.service.generation_defaults, ctx.fetch_remote)
     session_key(body)  # echoed in the answer's X-Session-Id header
+    req.tenant = g.get("tenant", "")
     priority = request.headers.get("X-Request-Priority", "default")
-    req.priority = priority if priority in ("interactive", "default", "batch") else "default"
+    if ctx.priority_allowed(req.tenant):
+        req.priority = priority if priority in ("interactive", "default", "batch") else "default"
     t0 = time.perf_counter()
     gen = ctx.service.submit(req)
     model = ctx.service.model_name

@@ -233,7 +233,7 @@ def _get(security: list, op_id: str, summary: str, ok: dict, tag: str = "operati
 
 
 def _paths(settings) -> dict:
-    security = [{"bearerAuth": []}] if settings.api_key.strip(", ") else []
+    security = [{"bearerAuth": []}] if settings.auth else []
 
     def get(*args: Any, **kwargs: Any) -> dict:
         return _get(security, *args, **kwargs)
@@ -269,7 +269,7 @@ def _version() -> str:
 def spec(app) -> dict:
     """The OpenAPI 3.1 document for `app` (a Flask app built by `app.create_app`)."""
     settings = app.extensions["vlservice"].settings
-    auth = bool(settings.api_key.strip(", "))
+    auth = bool(settings.auth)
     return {
         "openapi": OPENAPI_VERSION,
         "info": {

@@ -30,7 +30,7 @@ def config():
         "detail_max_pixels": {d: min(s.detail_pixels(d), spec.max_pixels) for d in ("low", "auto", "high")},
         "min_pixels": spec.min_pixels, "token_factor": spec.factor, "encode_ms_per_token": per_token,
         "default_max_tokens": s.default_max_tokens, "max_tokens_cap": s.max_tokens_cap,
-        "api_key_required": bool(s.api_key), "max_image_bytes": s.max_image_bytes, "max_images": s.max_images,
+        "api_key_required": s.auth, "max_image_bytes": s.max_image_bytes, "max_images": s.max_images,
         "vision_backend": s.vision_backend,
         "video": {"max_bytes": s.max_video_bytes, "max_seconds": s.max_video_seconds, "max_frames": s.max_video_frames,
                   "max_videos": s.max_videos, "fps": svc.video_spec.fps, "min_frames": svc.video_spec.min_frames,

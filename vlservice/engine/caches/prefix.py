@@ -39,6 +39,7 @@ class Entry:
     nbytes: int = 0
     prompt_len: int = 0  # the prompt that started this entry, and the logits that followed it
     prompt_logits: torch.Tensor | None = None
+    tenant: str = ""  # whose conversation: another tenant's prompt never reuses it (nor learns of it)
 
 
 def cache_bytes(cache) -> int:
@@ -79,14 +80,16 @@ class PrefixCache:
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
-    def take(self, ids: np.ndarray, images: list) -> tuple[Entry | None, int]:
-        """The entry sharing the longest prefix with (ids, images), removed from the cache, and
-        that length (0 and None on a miss)."""
+    def take(self, ids: np.ndarray, images: list, tenant: str = "") -> tuple[Entry | None, int]:
+        """The entry of `tenant` sharing the longest prefix with (ids, images), removed from the
+        cache, and that length (0 and None on a miss)."""
         if not self.enabled:
             return None, 0
         with self._lock:
             best, best_len = None, 0
             for key, e in self._entries.items():
+                if e.tenant != tenant:
+                    continue
                 n = shared_prefix(e.ids, e.images, ids, images)
                 if n > best_len:
                     best, best_len = key, n
@@ -100,23 +103,25 @@ class PrefixCache:
                 # A branch off a longer conversation: leave that one whole, work on a copy.
                 return Entry(ids=entry.ids[:best_len], images=[i for i in entry.images if i[1] <= best_len],
                              cache=copy.deepcopy(entry.cache), prompt_len=entry.prompt_len,
-                             prompt_logits=entry.prompt_logits), best_len
+                             prompt_logits=entry.prompt_logits, tenant=tenant), best_len
             del self._entries[best]  # the usual follow-up: extend this very entry
             self._used -= entry.nbytes
             return entry, best_len
 
-    def put(self, ids: np.ndarray, images: list, cache, prompt_len: int = 0, prompt_logits=None) -> None:
+    def put(self, ids: np.ndarray, images: list, cache, prompt_len: int = 0, prompt_logits=None,
+            tenant: str = "") -> None:
         if not self.enabled or len(ids) == 0:
             return
         extra = prompt_logits.numel() * prompt_logits.element_size() if prompt_logits is not None else 0
         entry = Entry(ids=ids, images=images, cache=cache, nbytes=cache_bytes(cache) + extra,
-                      prompt_len=prompt_len, prompt_logits=prompt_logits)
+                      prompt_len=prompt_len, prompt_logits=prompt_logits, tenant=tenant)
         if entry.nbytes > self.max_bytes:
             return
         with self._lock:
             # a stored sequence that is a prefix of this one is now redundant
             for key in [k for k, e in self._entries.items()
-                        if len(e.ids) <= len(ids) and shared_prefix(e.ids, e.images, ids, images) == len(e.ids)]:
+                        if e.tenant == tenant and len(e.ids) <= len(ids)
+                        and shared_prefix(e.ids, e.images, ids, images) == len(e.ids)]:
                 self._used -= self._entries.pop(key).nbytes
             self._entries[self._next] = entry
             self._next += 1
