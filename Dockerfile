@@ -1,5 +1,7 @@
 # vlservice: CPU-only image. The install steps are the README's, in the same order
-# (tests/test_docker.py checks that they stay the same).
+# (tests/deploy/test_docker.py checks that they stay the same). It is safe to expose by itself:
+# nginx (the shared edge of deploy/nginx/edge/) answers on :8000 and passes whole requests to
+# Gunicorn on a unix socket (deploy/front/launch.py; README, Settings and deployment).
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -7,9 +9,16 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     VL_CACHE_DIR=/data/cache \
     HF_HOME=/data/hf \
-    VL_BIND=0.0.0.0:8000
+    FRONT_LISTEN=8000 \
+    FRONT_RUN_DIR=/tmp/vlservice-front
 
 WORKDIR /app
+
+# nginx in front of Gunicorn, and tini as PID 1 (reaps orphans, passes signals to the launcher):
+# Debian's packages.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends nginx tini \
+    && rm -rf /var/lib/apt/lists/*
 
 # PyPI's default torch wheel for Linux is a CUDA build; this index offers the CPU build of the
 # same version (2.13.0+cpu), which pip prefers. Nothing else changes.
@@ -24,6 +33,8 @@ COPY app.py wsgi.py gunicorn.conf.py ./
 COPY templates templates
 COPY static static
 COPY vlservice vlservice
+COPY deploy/front deploy/front
+COPY deploy/nginx/edge deploy/nginx/edge
 
 RUN useradd --create-home --uid 10001 vlservice \
     && mkdir -p /data/cache /data/hf \
@@ -35,5 +46,8 @@ EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=300s --retries=3 \
     CMD python -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4).status == 200 else 1)"
 
-# The README's start command.
-CMD ["gunicorn", "-c", "gunicorn.conf.py", "wsgi:app"]
+# nginx on :8000 before the README's start command (Gunicorn, bound by the launcher to a unix
+# socket); either one ending ends the container, SIGTERM drains Gunicorn first. Arguments after
+# the script replace Gunicorn's (`-c gunicorn.conf.py wsgi:app`).
+ENTRYPOINT ["tini", "--"]
+CMD ["python", "deploy/front/launch.py"]

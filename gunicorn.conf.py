@@ -47,11 +47,14 @@ _settings = Settings.from_env()  # names starting with "_" are not Gunicorn sett
 bind = _settings.bind
 workers = _settings.workers
 worker_class = "gthread"
-# Gunicorn's own request limits (its defaults, stated): the request line, the number of header
+# Gunicorn's own request limits: the request line, the number of header
 # fields and the size of one; larger gets Gunicorn's 400 (431 through nginx's smaller buffers).
-limit_request_line = 4094
+limit_request_line = 8190  # nginx's front reads request lines up to its 8k header buffers
 limit_request_fields = 100
 limit_request_field_size = 8190
+# No `gunicornc` control socket: one per user home, shared by every Gunicorn that user runs (the
+# tests run several), and nothing here uses it.
+control_socket_disable = True
 threads = _settings.http_threads
 preload_app = True
 timeout = _settings.worker_timeout

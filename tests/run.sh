@@ -2,21 +2,30 @@
 # Install everything the tests need on a fresh Debian machine, lint (ruff) and type-check (mypy,
 # the engine; ESLint and tsc, the page's modules), then run the whole suite; any step that fails
 # fails the run.
-# Usage: bash tests/run.sh [pytest args]
+# Usage: bash tests/run.sh [--fast] [pytest args]
+#   --fast: lint, types and the tests not marked slow (no server, browser or tool runs): run it
+#           first on every change; CI runs everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+FAST=()
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  FAST=(-m "not slow")
+fi
 # Chromium for the page's browser tests, with a CJK font so the Chinese page renders in its
 # screenshots; jemalloc and tcmalloc for `bench --levers` (measured against glibc's malloc);
-# redis-server and nginx for the replicas' tests (tests/deploy/test_replicas.py).
+# redis-server and nginx for the replicas' tests (tests/deploy/test_replicas.py); nginx and tini for
+# the image's front, started as the image starts it (tests/deploy/test_front.py).
 # (`grep` without -q reads all of fc-list: an early exit could SIGPIPE it and, with pipefail,
 # reinstall every run.)
 if ! command -v chromium >/dev/null 2>&1 || ! ldconfig -p | grep -q libjemalloc.so.2 \
     || ! ldconfig -p | grep -q libtcmalloc_minimal.so.4 || ! fc-list 2>/dev/null | grep -i wqy >/dev/null \
-    || ! command -v redis-server >/dev/null 2>&1 || ! command -v nginx >/dev/null 2>&1; then
+    || ! command -v redis-server >/dev/null 2>&1 || ! command -v nginx >/dev/null 2>&1 \
+    || ! command -v tini >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq chromium fonts-wqy-zenhei libjemalloc2 libtcmalloc-minimal4 \
-    redis-server nginx >/dev/null
+    redis-server nginx tini >/dev/null
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt -r tests/requirements.txt
@@ -33,4 +42,4 @@ else
     "(apt-get install npm, Node 20.19 or later)"
 fi
 export HF_HUB_OFFLINE=1
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest ${FAST[@]+"${FAST[@]}"} "$@"

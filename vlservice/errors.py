@@ -100,3 +100,16 @@ class EngineError(APIError):
 
 class ModelLoadError(RuntimeError):
     """Startup could not load the model: says what was tried and how to fix it."""
+
+
+ECHO_CHARS = 100  # a client's value is echoed in an error message to at most this many characters
+
+
+def brief(value, limit: int = ECHO_CHARS, quote: bool = True) -> str:
+    """A client's value as an error message shows it: its repr (`quote`, else its text), at most
+    `limit` characters, with "…" and the full length when cut (a 200 KB bad value must not come
+    back whole)."""
+    text = repr(value) if quote else str(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} characters)"

@@ -98,10 +98,20 @@ export async function loadConfig(onRetry) {
   }
 }
 
+/** GET /api/stats (with the key when the server wants one: the stats follow it); throws a
+ * `StatsError` whose `status` says why (401: no key, or not this one). */
 export async function fetchStats() {
   const resp = await fetch("/api/stats", { headers: { Accept: "application/json", ...authHeaders() }, cache: "no-store" });
-  if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
+  if (!resp.ok) throw new StatsError(resp.status);
   return resp.json();
+}
+
+export class StatsError extends Error {
+  /** @param {number} status */
+  constructor(status) {
+    super(`HTTP ${status}`);
+    this.status = status;
+  }
 }
 
 /** POST a chat completion asking for a stream with usage and stage events; resolves to the Response. */

@@ -4,7 +4,7 @@
  * memory, queue depth and the image cache.
  */
 
-import { fetchStats } from "./api.js";
+import { fetchStats, StatsError } from "./api.js";
 import { tr, onLanguage } from "./strings.js";
 import { $, context2d, el, isNum } from "./util.js";
 
@@ -16,6 +16,7 @@ let inFlight = false;
 /** @type {any} the last /api/stats answer */
 let last = null;
 let failures = 0;
+let errorText = "statsUnavailable"; // the strings key of the last failure's message
 let working = () => false; // whether the page is waiting for an answer (set by initCpu)
 const dom = {};
 
@@ -37,9 +38,11 @@ async function poll() {
     failures = 0;
     dom.error.hidden = true;
     render(last);
-  } catch {
+  } catch (err) {
     failures++;
-    dom.error.textContent = tr("statsUnavailable");
+    // with VL_API_KEY set the stats need the key too: say so, rather than that they are gone
+    errorText = err instanceof StatsError && err.status === 401 ? "statsNeedKey" : "statsUnavailable";
+    dom.error.textContent = tr(errorText);
     dom.error.hidden = false;
   } finally {
     inFlight = false;
@@ -153,7 +156,7 @@ export function initCpu(isWorking) {
   window.addEventListener("resize", () => { if (last) render(last); });
   onLanguage(() => {
     if (last) render(last);
-    if (!dom.error.hidden) dom.error.textContent = tr("statsUnavailable");
+    if (!dom.error.hidden) dom.error.textContent = tr(errorText);
   });
   poll();
 }

@@ -54,6 +54,7 @@ export const STRINGS = {
     imageCache: "Image cache",
     cacheStats: (c) => `${c.entries ?? 0} entries · ${c.hits ?? 0} hits / ${c.misses ?? 0} misses`,
     statsUnavailable: "Statistics unavailable.",
+    statsNeedKey: "Statistics need the API key: enter it in the header field.",
     core: (i) => `Core ${i}`,
     state: {
       idle: "Idle",
@@ -174,6 +175,7 @@ export const STRINGS = {
     imageCache: "图像缓存",
     cacheStats: (c) => `${c.entries ?? 0} 项 · 命中 ${c.hits ?? 0} / 未命中 ${c.misses ?? 0}`,
     statsUnavailable: "无法获取统计信息。",
+    statsNeedKey: "统计信息需要 API 密钥：请在页眉的输入框中填写。",
     core: (i) => `核心 ${i}`,
     state: {
       idle: "空闲",

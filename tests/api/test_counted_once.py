@@ -44,7 +44,8 @@ def srv(cache_dir):
 def counts(srv) -> tuple[dict, float]:
     """(requests by status, requests in flight) from /metrics."""
     by_status, in_flight = {}, None
-    for family in text_string_to_metric_families(requests.get(srv.url + "/metrics", timeout=10).text):
+    metrics = requests.get(srv.url + "/metrics", headers=AUTH, timeout=10)  # the metrics follow the key
+    for family in text_string_to_metric_families(metrics.text):
         for sample in family.samples:
             if sample.name == "vlservice_requests_total":
                 by_status[sample.labels["status"]] = sample.value
@@ -114,7 +115,8 @@ def test_busy_and_a_stream_whose_client_left_are_counted_once(srv):
     # the connection is closed with the stream unread: the generation is cancelled and counted
     wait_until(lambda: delta(before, counts(srv)[0]) == {"429": 1, "499": 1}, "the stream counted as 499")
     assert counts(srv)[1] == 0
-    wait_until(lambda: requests.get(srv.url + "/api/stats", timeout=10).json()["busy"] is False, "the model free")
+    wait_until(lambda: requests.get(srv.url + "/api/stats", headers=AUTH, timeout=10).json()["busy"] is False,
+               "the model free")
 
 
 def test_a_stream_cancelled_through_the_api_is_counted_once(srv):

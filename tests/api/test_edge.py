@@ -61,23 +61,29 @@ def test_the_server_keeps_serving_after_every_case(edge):
 
 
 def test_a_body_over_the_limit_is_refused_without_being_read_whole(edge):
-    """100 MiB, announced or chunked, against the 64 MiB limit: a 413 in the API's shape, and the
-    upload stops near the limit (an announced length: at once)."""
+    """100 MiB, announced or chunked, against the 64 MiB limit: a 413 in the API's shape before
+    the upload is through (an announced length: at once; chunked: near the limit)."""
+    import select
+
     limit, piece = 64 << 20, b"x" * (1 << 20)
 
     def upload(chunked: bool) -> int:
+        """Bytes sent when the 413 arrived."""
         sent = 0
         with socket.create_connection(("127.0.0.1", edge.port), timeout=30) as s:
             s.sendall(POST + (b"Transfer-Encoding: chunked\r\n\r\n" if chunked
                               else b"Content-Length: %d\r\n\r\n" % (100 << 20)))
             try:
                 for _ in range(100):
+                    if select.select([s], [], [], 0.05 if sent == 0 else 0)[0]:
+                        break  # the answer is there
                     s.sendall(b"%x\r\n" % len(piece) + piece + b"\r\n" if chunked else piece)
                     sent += len(piece)
             except OSError:  # the server answered and closed
                 pass
-            s.settimeout(10)
-            answer = s.recv(4096)
+            answer = b""
+            while not answer.rstrip().endswith(b"}") and (chunk := s.recv(4096)):
+                answer += chunk
         assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
         assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["message"]
         return sent

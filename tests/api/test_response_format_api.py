@@ -94,3 +94,31 @@ def test_bad_response_formats_are_400_naming_the_part(server, fmt, param):
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["param"] == param and err["type"] == "invalid_request_error" and err["message"]
+
+
+ATTACKS = {  # issue 40: each answered 500 ("the engine failed: RuntimeError") before
+    "ref cycle": {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+    "self reference": {"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]},
+    "4294967295 repetition": {"type": "object", "properties": {"s": {"type": "string", "pattern": "^a{4294967295}$"}},
+                              "required": ["s"]},
+    "allOf of 16 patterns": {"type": "object", "properties": {"s": {"allOf": [
+        {"type": "string", "pattern": "(a|b)*a(a|b){%d}" % k} for k in range(5, 21)]}}},
+}
+
+
+@pytest.mark.parametrize("name", ATTACKS)
+def test_schemas_llguidance_cannot_serve_are_400_fast(server, name):
+    import time
+
+    schema = ATTACKS[name]
+    for extra, param in (({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}},
+                          "response_format.json_schema.schema"),
+                         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}],
+                           "tool_choice": "required"}, "tools[0].function.parameters")):
+        t = time.perf_counter()
+        r = requests.post(server.url + CHAT, json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                                                   **extra}, timeout=60)
+        assert r.status_code == 400, r.text
+        assert time.perf_counter() - t < 1.0
+        err = r.json()["error"]
+        assert err["param"] == param and err["code"] == "invalid_schema" and err["type"] == "invalid_request_error"

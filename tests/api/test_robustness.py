@@ -322,6 +322,13 @@ def test_api_key_cors_and_logs(make_server):
     r = post(srv, hello, headers={"Authorization": f"Bearer {key}", "Origin": "https://evil.example"})
     assert r.status_code == 200 and "Access-Control-Allow-Origin" not in r.headers
     assert requests.get(srv.url + "/healthz").status_code == 200  # health stays public
+    assert requests.get(srv.url + "/readyz").status_code == 200
+    for path in ("/api/stats", "/metrics"):  # the statistics follow the key (issue 40), Prometheus sends it as Bearer
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = requests.get(srv.url + path, headers=headers)
+            assert r.status_code == 401 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+            assert r.json()["error"]["type"] == "authentication_error"
+        assert requests.get(srv.url + path, headers={"Authorization": f"Bearer {key}"}).status_code == 200
     config_line = '"GET /api/config HTTP/1.1" 200'
     logged = srv.log_text().count(config_line)
     assert requests.get(srv.url + "/api/config").json()["api_key_required"] is True
@@ -401,3 +408,20 @@ def test_sigterm_stops_workers_cleanly(make_server):
     assert srv.proc.returncode == 0, log[-2000:]
     assert "Worker exiting" in log
     assert "terminate called" not in log and "SIGABRT" not in log and "exited with code" not in log, log[-2000:]
+
+
+def test_a_jpeg_of_thousands_of_scans_is_400_at_once(server):
+    """Issue 40: a 4000x4000 progressive JPEG whose last scan is repeated 3000 times (under 1 MB;
+    OpenCV took 31 s on 2010 of them) is refused from its bytes, before decoding."""
+    import time
+
+    img = np.full((4000, 4000, 3), 128, dtype=np.uint8)
+    data = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])[1].tobytes()
+    last, end = data.rfind(b"\xff\xda"), data.rfind(b"\xff\xd9")
+    bomb = data[:end] + data[last:end] * 3000 + data[end:]
+    t = time.perf_counter()
+    r = post(server, body_with(data_url(bomb, "image/jpeg")))
+    assert time.perf_counter() - t < 1.0
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "invalid_image" and err["param"] == IMAGE_PARAM and "scans" in err["message"]

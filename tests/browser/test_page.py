@@ -172,11 +172,14 @@ def test_api_key_is_asked_for_and_kept_for_the_tab_only(keyed_server, browser):
     page = context.new_page()
     page.goto(keyed_server.url + "/")
     page.wait_for_selector("#api-key:not([hidden])")
+    # the statistics follow the key (issue 40): without one the panel says so
+    page.wait_for_function("document.querySelector('#stats-error').textContent.includes('API key')")
     page.fill("#question", "Hello")
     page.click("#send")  # no key yet: the page asks for it instead of sending
     assert "attention" in page.get_attribute("#api-key-wrap", "class")
     assert page.eval_on_selector_all("#messages .msg", "els => els.length") == 0
     page.fill("#api-key", keyed_server.key)
+    page.wait_for_selector("#stats-error", state="hidden", timeout=15000)  # the next poll sends the key
     assert page.evaluate("sessionStorage.getItem('vlservice.apiKey')") == keyed_server.key
     assert page.evaluate("Object.values(localStorage).concat(Object.keys(localStorage))").count(keyed_server.key) == 0
     page.reload()  # same tab: the key is still there

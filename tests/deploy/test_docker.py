@@ -1,6 +1,6 @@
 """No Docker engine runs here, so the image's recipe is held to the documentation's: the install
 steps docs/operations.md (Docker) lists are exactly the Dockerfile's RUN lines, in order, and the
-image starts the server with the README's command."""
+image starts the server with the README's command, behind its own nginx (deploy/front/)."""
 
 from __future__ import annotations
 
@@ -22,11 +22,25 @@ def test_dockerfile_installs_exactly_the_documented_steps():
     assert runs == [s.replace(".venv/bin/pip", "pip") for s in steps if "pip install" in s]
 
 
-def test_dockerfile_starts_the_readme_command_as_non_root_with_a_healthcheck():
+def test_dockerfile_starts_the_readme_command_behind_nginx_as_non_root_with_a_healthcheck():
+    """The image's command is the front's launcher under tini, and the launcher starts Gunicorn with
+    the README's start command (tests/deploy/test_front.py runs that launcher)."""
+    import importlib.util
+
     docker = (ROOT / "Dockerfile").read_text()
     start = marked_block("start-command")[-1].split("&&")[-1].strip().replace(".venv/bin/", "")
-    cmd = re.search(r'^CMD \[(.*)\]$', docker, re.M).group(1)
-    assert " ".join(part.strip().strip('"') for part in cmd.split(",")) == start
+    exec_form = {k: [part.strip().strip('"') for part in v.split(",")]
+                 for k, v in re.findall(r'^(CMD|ENTRYPOINT) \[(.*)\]$', docker, re.M)}
+    assert exec_form == {"ENTRYPOINT": ["tini", "--"], "CMD": ["python", "deploy/front/launch.py"]}
+    spec = importlib.util.spec_from_file_location("launch", ROOT / "deploy" / "front" / "launch.py")
+    launch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launch)
+    assert " ".join(["gunicorn", *launch.GUNICORN_ARGS]) == start
+    assert re.search(r"apt-get install -y --no-install-recommends nginx tini", docker)
+    for folder in ("deploy/front", "deploy/nginx/edge"):
+        assert re.search(rf"^COPY {folder} {folder}$", docker, re.M), folder
+    assert "VL_BIND" not in docker  # the launcher binds Gunicorn to its socket; nginx takes :8000
+    assert re.search(r"^\s*FRONT_LISTEN=8000", docker, re.M) and re.search(r"^EXPOSE 8000$", docker, re.M)
     assert re.search(r"^USER (?!root)\S+", docker, re.M)
     assert "HEALTHCHECK" in docker and "/healthz" in docker
     assert "torch==2.13.0" in (ROOT / "requirements.txt").read_text()

@@ -3,7 +3,9 @@ deploy/nginx template, sharing a real redis-server: sessions stick to their repl
 KV cache, images and greedy answers are shared, streams pass unbuffered, Redis may go away and
 come back, and a replica that dies hands its sessions to the other.
 
-The replicas share no disk tier (VL_DISK_CACHE_MB=0): Redis is the only path between them."""
+The replicas share no disk tier (VL_DISK_CACHE_MB=0): Redis is the only path between them. Redis
+requires a password, as compose.scale.yaml and deploy/k8s/redis.yaml run it: replica a gets it as
+they pass it (VL_REDIS_PASSWORD beside a bare VL_REDIS_URL), replica b inside its VL_REDIS_URL."""
 
 from __future__ import annotations
 
@@ -21,18 +23,21 @@ from server import ServerProcess
 from vlservice.tools.services import NginxProcess, RedisProcess
 
 QUESTION = "Describe this image."
+REDIS_PASSWORD = "s3cret-test-Pa55"  # never to be seen in a log or in /api/stats
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, cache_dir):
     ARTIFACTS.mkdir(exist_ok=True)
     work = tmp_path_factory.mktemp("cluster")
-    redis_proc = RedisProcess(work).start()
+    redis_proc = RedisProcess(work, password=REDIS_PASSWORD).start()
     replicas = {}
+    credentials = {"a": {"VL_REDIS_URL": redis_proc.url, "VL_REDIS_PASSWORD": REDIS_PASSWORD},
+                   "b": {"VL_REDIS_URL": redis_proc.url_with_password}}
     try:
         for name in ("a", "b"):
             env = {"VL_MODEL": "demo", "VL_CACHE_DIR": str(cache_dir), "VL_DISK_CACHE_MB": "0",
-                   "VL_REDIS_URL": redis_proc.url, "VL_REPLICA_NAME": name, "VL_QUEUE_SIZE": "4",
+                   **credentials[name], "VL_REPLICA_NAME": name, "VL_QUEUE_SIZE": "4",
                    "VL_GRACEFUL_TIMEOUT": "120"}
             replicas[name] = ServerProcess(env, ARTIFACTS / f"replica-{name}.log").start()
         nginx = NginxProcess(work / "nginx", [f"127.0.0.1:{replicas[n].port}" for n in ("a", "b")]).start()
@@ -110,6 +115,15 @@ def test_an_image_and_an_answer_from_one_replica_are_reused_by_the_other(cluster
     assert same.headers["X-Served-By"] == "b"
     assert same.json()["timings"]["result_cache_hit"] is True
     assert same.json()["choices"][0]["message"] == first.json()["choices"][0]["message"]
+
+
+def test_redis_is_reached_with_its_password_which_is_never_shown(cluster, sessions):
+    for name in ("a", "b"):
+        stats = requests.get(cluster[name].url + "/api/stats", timeout=10).json()["shared_cache"]
+        assert stats["up"] is True and stats["writes"] + stats["hits"] > 0, stats
+        assert REDIS_PASSWORD not in json.dumps(stats) and str(cluster["redis"].port) in stats["url"]
+        assert REDIS_PASSWORD not in requests.get(cluster[name].url + "/metrics", timeout=10).text
+        assert REDIS_PASSWORD not in cluster[name].log_text()
 
 
 def test_a_stream_passes_through_unbuffered(cluster, sessions):

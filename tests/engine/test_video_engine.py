@@ -111,6 +111,7 @@ def test_onnx_encoders_take_a_video_grid(service_for, clip):
     for backend, tolerance in (("onnx-fp32", 1e-4), ("onnx-int8", None)):
         b = service_for(backend).encoder(prepared.pixel_values, prepared.grid_thw)
         assert b.embeds.shape == a.embeds.shape == (prepared.num_tokens, a.embeds.shape[1])
+        assert service_for(backend).feature_shape(prepared).mismatch(b) is None  # what a cached clip is held to
         for x, y in zip([a.embeds, *a.deepstack], [b.embeds, *b.deepstack]):
             if tolerance:
                 np.testing.assert_allclose(y, x, atol=tolerance)

@@ -100,3 +100,14 @@ def test_the_text_bound_stops_early_and_costs_little_on_huge_text(tokenizer):
     peak, need = peak_of(P.text_tokens_at_least, tokenizer, [text], 8192)
     assert need > 8192
     assert peak < 2 * 2**20, peak  # nothing near the text's size: no copy, no token list
+
+
+def test_a_long_key_in_an_error_path_is_cut():
+    from vlservice.protocol import check_tree
+
+    with pytest.raises(InvalidRequest) as exc:
+        deep: list = ["x"]
+        for _ in range(40):
+            deep = [deep]
+        check_tree({"k" * 200_000: deep})
+    assert len(exc.value.message) < 400 and len(exc.value.param or "") < 200

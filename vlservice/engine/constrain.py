@@ -39,6 +39,29 @@ import torch
 # write blanks until `max_tokens`, and no client needs it.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 CACHE_GRAMMARS = 32
+# A client's schema is checked before llguidance sees it (`check_schema`), for what llguidance's own
+# limits do not bound: its JSON compiler proves each intersection of `pattern`s non-empty with a
+# budget of its own (a 1 KB `allOf` of 13 patterns took 3 s and 200 MB, 16 of them 30 s and 2 GB),
+# and counts it expands (`minItems` 1000 took 3 s; a `{4294967295}` repetition compiles, then fails
+# at the first token, mid-answer).
+MAX_PATTERNS = 4  # `pattern`s one value must match at once (an `allOf`'s branches, followed through `$ref`)
+MAX_REPEAT = 1000  # a counted repetition in a `pattern` ({n}, {n,m})
+MAX_PATTERN_SIZE = 10_000  # a pattern's size with its counted repetitions expanded
+MAX_ITEMS = 100  # `minItems`, `minProperties`, `minContains`: each is expanded into the grammar
+MAX_COUNT = 100_000  # `maxItems`, `minLength`, `maxLength`, ...: bounds no answer comes near
+_COUNTS = {"minItems": MAX_ITEMS, "minProperties": MAX_ITEMS, "minContains": MAX_ITEMS, "maxItems": MAX_COUNT,
+           "maxProperties": MAX_COUNT, "maxContains": MAX_COUNT, "minLength": MAX_COUNT, "maxLength": MAX_COUNT}
+
+
+def _limits():
+    """llguidance's own bounds on a grammar, tighter than its defaults where a client's grammar
+    could otherwise hold a worker: the grammar's size and its lexer's states (memory, 1-2 kB each)
+    and fuel (CPU, ~50k a ms), and short error messages (no parser state, no grammar)."""
+    import llguidance
+
+    return llguidance.LLParserLimits(max_grammar_size=100_000, max_lexer_states=50_000,
+                                     initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000,
+                                     step_max_items=50_000, verbose_errors=False)
 
 
 class GrammarError(ValueError):
@@ -50,6 +73,7 @@ def _grammar(kind: str, schema_json: str) -> str:
     import llguidance
 
     schema = {"type": "object"} if kind == "json_object" else json.loads(schema_json)
+    check_schema(schema)
     return _compiled(lambda: llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS),  # type: ignore[arg-type]
                      "the schema cannot be compiled")
 
@@ -68,9 +92,9 @@ def _compiled(make, otherwise: str) -> str:
 
     try:
         grammar = make()
-    except (ValueError, TypeError) as exc:
-        raise GrammarError(str(exc)) from None
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, limits=_limits())
+    except Exception as exc:  # noqa: BLE001 - whatever a client's grammar makes the compiler raise is a 400
+        raise GrammarError(str(exc) or otherwise) from None
     if is_error:
         raise GrammarError(messages[0] if messages else otherwise)
     return grammar
@@ -81,6 +105,9 @@ def tool_grammar(functions: list[tuple[str, dict | None]], parallel: bool = True
     `GrammarError` when a function's parameters schema cannot be compiled."""
     from .toolcalls import grammar
 
+    for _, params in functions:
+        if params:
+            check_schema(params)
     return _lark(grammar(functions, parallel))
 
 
@@ -90,11 +117,170 @@ def grammar_for(kind: str, schema: dict | None = None) -> str:
     return _grammar(kind, json.dumps(schema, separators=(",", ":")) if schema is not None else "")  # key order is meaningful
 
 
+def check_schema(schema) -> None:
+    """Refuses (`GrammarError`) a schema whose compilation or use llguidance does not bound well:
+    counts past `_COUNTS`, patterns past `MAX_REPEAT` / `MAX_PATTERN_SIZE`, more than
+    `MAX_PATTERNS` patterns intersected, and references that can never produce a value (a `$ref`
+    cycle, `{"$ref": "#"}`, a required property that is the object again). A reference it cannot
+    resolve is left to llguidance, which names it."""
+    nodes = _walk(schema)
+    for node in nodes:
+        for key, bound in _COUNTS.items():
+            value = node.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > bound:
+                raise GrammarError(f"`{key}` {value} is more than this server allows ({bound})")
+        if isinstance(node.get("pattern"), str):
+            _check_pattern(node["pattern"])
+        if isinstance(node.get("allOf"), list):
+            n = _patterns(schema, node, set())
+            if n > MAX_PATTERNS:
+                raise GrammarError(f"an `allOf` intersects {n} patterns; at most {MAX_PATTERNS} are allowed")
+    if isinstance(schema, dict) and not _productive(schema):
+        raise GrammarError("the schema's references never end (a `$ref` cycle, or a value that must contain "
+                           "itself): no JSON value matches it")
+
+
+_VALUES = ("const", "enum", "default", "examples")  # JSON values, not schemas
+
+
+def _walk(schema) -> list[dict]:
+    """Every schema object in `schema` (depth-first, iterative: the body's nesting is bounded
+    before this, but not by this)."""
+    out, stack = [], [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            out.append(node)
+            stack.extend(v for k, v in node.items() if k not in _VALUES)
+        elif isinstance(node, list):
+            stack.extend(node)
+    return out
+
+
+def _check_pattern(pattern: str) -> None:
+    import re._parser as sre  # Python's own regex parser
+
+    counts = [int(c) for m in re.finditer(r"\{(\d+)(?:,(\d*))?\}", pattern) for c in m.groups() if c]
+    if counts and max(counts) > MAX_REPEAT:
+        raise GrammarError(f"a pattern repeats {max(counts)} times; at most {MAX_REPEAT} are allowed")
+    try:
+        parsed = sre.parse(pattern)
+    except Exception:  # noqa: BLE001 - a syntax Python's parser does not know: llguidance decides
+        return
+    if _size(parsed) > MAX_PATTERN_SIZE:
+        raise GrammarError(f"a pattern is larger than {MAX_PATTERN_SIZE} characters with its repetitions expanded")
+
+
+def _size(parsed) -> int:
+    """A parsed regex's size with counted repetitions expanded (an unbounded one counted once)."""
+    import re._constants as c
+
+    total = 0
+    for op, arg in parsed:
+        if op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
+            lo, hi, sub = arg
+            total += _size(sub) * max(1, lo, 0 if hi == c.MAXREPEAT else hi)
+        elif op == c.SUBPATTERN:
+            total += _size(arg[-1])
+        elif op == c.BRANCH:
+            total += sum(_size(b) for b in arg[1])
+        elif op in (c.ASSERT, c.ASSERT_NOT):
+            total += _size(arg[1])
+        else:
+            total += 1
+        if total > MAX_PATTERN_SIZE:
+            break
+    return total
+
+
+def _resolve(root, ref):
+    """The node a local `$ref` ("#", "#/$defs/a", ...) points at in `root`, or None."""
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        return None
+    node = root
+    for part in filter(None, ref[1:].split("/")):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def _patterns(root, node, seen: set) -> int:
+    """The patterns a value matching `node` must match at once: its own, its `allOf` branches' and
+    those of the references it makes (each node counted once)."""
+    if not isinstance(node, dict) or id(node) in seen:
+        return 0
+    seen.add(id(node))
+    n = 1 if isinstance(node.get("pattern"), str) else 0
+    branches = node.get("allOf")
+    for sub in branches if isinstance(branches, list) else []:
+        n += _patterns(root, sub, seen)
+    if "$ref" in node:
+        n += _patterns(root, _resolve(root, node["$ref"]), seen)
+    return n
+
+
+def _productive(root) -> bool:
+    """Whether some finite JSON value matches `root`, as far as its references decide it: a least
+    fixpoint over the schema's nodes (a node reached only through itself is not productive). What
+    this does not model (`not`, `if`, ...) counts as productive: llguidance decides those."""
+    nodes = _walk(root)
+    good: set[int] = set()
+
+    def ok(node) -> bool:
+        if isinstance(node, bool) or not isinstance(node, dict):
+            return node is not False
+        if id(node) not in ids:
+            return True
+        return id(node) in good
+
+    def now(node: dict) -> bool:
+        if "$ref" in node:
+            target = _resolve(root, node["$ref"])
+            if target is not None and not ok(target):
+                return False
+        for key in ("allOf",):
+            if isinstance(node.get(key), list) and not all(ok(s) for s in node[key]):
+                return False
+        for key in ("anyOf", "oneOf"):
+            if isinstance(node.get(key), list) and node[key] and not any(ok(s) for s in node[key]):
+                return False
+        props, required = node.get("properties"), node.get("required")
+        props = props if isinstance(props, dict) else {}
+        required = required if isinstance(required, list) else []
+        if any(not ok(props[k]) for k in required if isinstance(k, str) and k in props):
+            return False
+        items = node.get("items")
+        least = node.get("minItems", 0)
+        if isinstance(least, int) and least > 0 and isinstance(items, dict) and not ok(items):
+            return False
+        prefix = node.get("prefixItems")
+        if isinstance(prefix, list) and isinstance(least, int) and not all(ok(s) for s in prefix[:least]):
+            return False
+        return True
+
+    ids = {id(n) for n in nodes}
+    changed = True
+    while changed:
+        changed = False
+        for node in nodes:
+            if id(node) not in good and now(node):
+                good.add(id(node))
+                changed = True
+    return ok(root)
+
+
 def _message(text: str) -> str:
     """llguidance's reason without its internal layers (the first line says what is wrong; a
     Lark grammar's position prefix is dropped)."""
     line = text.strip().splitlines()[0] if text.strip() else "the schema cannot be compiled"
-    return re.sub(r"^at \d+\(\d+\): ", "", line)[:300]
+    from ..errors import brief
+
+    return brief(re.sub(r"^at \d+\(\d+\): ", "", line), 200, quote=False)
 
 
 def explain(exc: GrammarError) -> str:
@@ -135,7 +321,12 @@ class Grammars:
                 self.hits += 1
                 return compiled.deep_copy()  # type: ignore[attr-defined]
             self.misses += 1
-        compiled = llguidance.LLMatcher(self.llt, grammar, log_level=0)
+        try:
+            compiled = llguidance.LLMatcher(self.llt, grammar, log_level=0, limits=_limits())
+            if not compiled.is_error():
+                _first_mask(compiled, self.llt.vocab_size)
+        except Exception as exc:  # noqa: BLE001 - a client's grammar: never the server's fault
+            raise GrammarError(str(exc) or "the grammar cannot be compiled") from None
         if compiled.is_error():
             raise GrammarError(compiled.get_error())
         with self._lock:
@@ -145,16 +336,34 @@ class Grammars:
         return compiled.deep_copy()
 
     def constraint(self, grammar: str) -> Constraint:
-        return Constraint(self.matcher(grammar), self.llt.vocab_size, self.eos_ids)
+        return Constraint(self.matcher(grammar), self.llt.vocab_size, self.eos_ids, param_of(grammar))
 
     def stats(self) -> dict:
         return {"entries": len(self._compiled), "hits": self.hits, "misses": self.misses}
 
 
-class Constraint:
-    """One sequence's matcher: masks its row of logits, advances with the chosen token."""
+def _first_mask(matcher, vocab_size: int) -> None:
+    """Computes the compiled matcher's first mask (its state is unchanged; copies start from it), so
+    a grammar that allows nothing at all (a `$ref` cycle llguidance accepts, a regex it cannot
+    decide) is refused with the request, not found at the first token."""
+    bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
+    matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+    if not matcher.is_error() and not bits.any() and not matcher.is_accepting():
+        raise GrammarError("no JSON value matches the schema")
 
-    def __init__(self, matcher, vocab_size: int, eos_ids: list[int]):
+
+def param_of(grammar: str) -> str:
+    """The request field a grammar came from: forced tool calls (`toolcalls.grammar`) or `response_format`."""
+    return "tools" if grammar.startswith("start: call") else "response_format"
+
+
+class Constraint:
+    """One sequence's matcher: masks its row of logits, advances with the chosen token. A matcher
+    that fails mid-answer (a limit of llguidance's reached: the client's grammar is too complex) is
+    the client's error (`InvalidRequest`, 400 naming `param`), never the server's."""
+
+    def __init__(self, matcher, vocab_size: int, eos_ids: list[int], param: str = "response_format"):
+        self.param = param
         self.m = matcher
         self.vocab = vocab_size
         self.eos = torch.tensor(eos_ids, dtype=torch.long)
@@ -175,7 +384,7 @@ class Constraint:
     def _allowed(self, n: int) -> np.ndarray:
         self.m.unsafe_compute_mask_ptr(self.bits.ctypes.data, self.bits.nbytes)
         if self.m.is_error():
-            raise RuntimeError(f"the grammar matcher failed: {self.m.get_error()}")
+            raise self._failed()
         ok = np.zeros(n, dtype=np.bool_)
         k = min(n, self.vocab)
         ok[:k] = np.unpackbits(self.bits.view(np.uint8), count=k, bitorder="little").view(np.bool_)
@@ -191,7 +400,7 @@ class Constraint:
         t = time.perf_counter()
         ok = self._allowed(logits.shape[-1])
         if not ok.any():
-            raise RuntimeError("the grammar allows no token of this vocabulary")
+            raise self._failed("the grammar allows no token of this vocabulary")
         row = logits.detach().to(torch.float32).numpy()
         out = torch.from_numpy(np.where(ok, row, np.float32(-np.inf))).to(logits.dtype)
         self.mask_s += time.perf_counter() - t
@@ -206,4 +415,10 @@ class Constraint:
         if int(token) in self.eos.tolist():
             return
         if not self.m.consume_token(int(token)):
-            raise RuntimeError(f"the grammar refused token {token}: {self.m.get_error()}")
+            raise self._failed()
+
+    def _failed(self, why: str = ""):
+        from ..errors import InvalidRequest
+
+        return InvalidRequest(f"`{self.param}` cannot be followed: the grammar compiler gave up on it "
+                              f"({why or _message(self.m.get_error())})", param=self.param, code="invalid_schema")

@@ -14,7 +14,9 @@ beside the CPU torch we ship) and PIL is slow on large photos. This module repro
    (only the benchmark's baseline, the Hugging Face PIL processor, does: a tool dependency);
 4. rescale, normalise, patchify into the processor's flat `(patches, C*T*P*P)` layout.
 
-Limits are checked from the header, before any pixel is decoded (decompression bombs).
+Limits are checked from the header, before any pixel is decoded (decompression bombs), and so is
+a JPEG's number of scans: libjpeg decodes every scan of a progressive JPEG over the whole image,
+so a small file of thousands of scans took OpenCV 19 s (libjpeg-turbo's djpeg has `-maxscans`).
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class Limits:
     max_bytes: int = 20 * 1024 * 1024
     max_pixels: int = 40_000_000
     max_aspect_ratio: float = 200.0
+    max_jpeg_scans: int = 100  # a progressive JPEG from a camera or an encoder has ~10
 
 
 @dataclass
@@ -181,7 +184,21 @@ def check(data: bytes, limits: Limits = Limits()) -> tuple[str, int, int]:
             f"the image is {w}x{h}: aspect ratio {max(w, h) / min(w, h):.0f}:1 exceeds "
             f"{limits.max_aspect_ratio:.0f}:1"
         )
+    if fmt == "jpeg" and (scans := jpeg_scans(data, limits.max_jpeg_scans)) > limits.max_jpeg_scans:
+        raise InvalidImage(f"the JPEG has more than {limits.max_jpeg_scans} scans ({scans} or more); "
+                           f"at most {limits.max_jpeg_scans} are decoded")
     return fmt, w, h
+
+
+def jpeg_scans(data: bytes, most: int) -> int:
+    """An upper bound on a JPEG's scans, counting up to `most` + 1: each scan starts with an SOS
+    marker (FF DA), and entropy-coded data never holds FF DA (a data byte FF is written FF 00), so
+    counting the byte pair bounds the scans (an embedded thumbnail's are counted too)."""
+    n, i = 0, data.find(b"\xff\xda")
+    while i >= 0 and n <= most:
+        n += 1
+        i = data.find(b"\xff\xda", i + 2)
+    return n
 
 
 def decode(data: bytes, limits: Limits = Limits(), reduce: int = 1) -> np.ndarray:

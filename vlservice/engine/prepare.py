@@ -7,15 +7,19 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 from typing import Callable
 
 from ..config import Settings
-from ..errors import APIError, ContextLengthExceeded, QueueTimeout
+from ..errors import APIError, Cancelled, ContextLengthExceeded, QueueTimeout
 from . import images as imgs
 from . import video as vid
 from .caches import feature_key
 from .prompt import Prompt, build_prompt, text_tokens_at_least
 from .types import ImageInput, VideoInput
+
+
+GONE_CHECK_S = 0.2  # how often a request waiting for a decode turn looks whether its client left
 
 
 class MediaPreparer:
@@ -30,46 +34,55 @@ class MediaPreparer:
         self._decoding = threading.BoundedSemaphore(settings.media_decodes)
 
     @contextlib.contextmanager
-    def decode_turn(self):
+    def decode_turn(self, gone: Callable[[], bool] = lambda: False):
         """One of the VL_MEDIA_DECODES turns to decode an image or a clip; waiting longer than
-        VL_QUEUE_TIMEOUT_S for one is a 503 `queue_timeout`, like waiting for a slot."""
-        if not self._decoding.acquire(timeout=self.settings.queue_timeout_s):
-            raise QueueTimeout(f"no turn to decode the media within {self.settings.queue_timeout_s:g} s; retry later",
-                               retry_after=self.retry_after())
+        VL_QUEUE_TIMEOUT_S for one is a 503 `queue_timeout`, like waiting for a slot, and a client
+        that leaves meanwhile (`gone`) stops waiting within `GONE_CHECK_S`."""
+        deadline = time.monotonic() + self.settings.queue_timeout_s
+        while not self._decoding.acquire(timeout=min(GONE_CHECK_S, max(0.0, deadline - time.monotonic()))):
+            if gone():
+                raise Cancelled("the client left while the request waited to decode its media")
+            if time.monotonic() >= deadline:
+                raise QueueTimeout(f"no turn to decode the media within {self.settings.queue_timeout_s:g} s; "
+                                   "retry later", retry_after=self.retry_after())
         try:
             yield
         finally:
             self._decoding.release()
 
-    def video(self, clip: VideoInput) -> vid.PreparedVideo:
+    def video(self, clip: VideoInput, gone: Callable[[], bool] = lambda: False) -> vid.PreparedVideo:
         """Decode, sample and preprocess one clip (bad input: an APIError naming its part)."""
         try:
-            with self.decode_turn():
+            with self.decode_turn(gone):
                 return vid.load(clip.data, self.video_spec, self.video_limits, clip.fps, clip.max_frames,
                                 clip.max_pixels or self.settings.video_frame_pixels(clip.detail), clip.min_frames)
         except APIError as exc:
             exc.param = exc.param or clip.param
             raise
 
-    def image(self, img: ImageInput, budget: int) -> imgs.Prepared:
+    def image(self, img: ImageInput, budget: int, gone: Callable[[], bool] = lambda: False) -> imgs.Prepared:
         """Decode, check and preprocess one image to `budget` pixels (bad input: an APIError naming its part)."""
         try:
-            with self.decode_turn():
+            with self.decode_turn(gone):
                 return imgs.load(img.data, self.spec, self.limits, budget, img.min_pixels)
         except APIError as exc:
             exc.param = exc.param or img.param
             raise
 
-    def prepare(self, media: list, model_fp: str, encoder: str) -> tuple[list, list, dict]:
+    def prepare(self, media: list, model_fp: str, encoder: str,
+                gone: Callable[[], bool] = lambda: False) -> tuple[list, list, dict]:
         """Every item of `media` (in prompt order): (prepared items, their feature-cache keys for
-        the encoder named `encoder`, the decode and preprocess timings in milliseconds)."""
+        the encoder named `encoder`, the decode and preprocess timings in milliseconds). A client
+        that leaves (`gone`) stops the work before its next item and while it waits for a turn."""
         decode_s = prep_s = 0.0
         prepared: list[imgs.Prepared | vid.PreparedVideo] = []
         keys = []
         video_timings: dict = {}
         for item in media:
+            if gone():
+                raise Cancelled("the client left while its media were being decoded")
             if isinstance(item, VideoInput):
-                v = self.video(item)
+                v = self.video(item, gone)
                 for k, ms in v.timings.items():
                     video_timings[k] = video_timings.get(k, 0.0) + ms
                 budget = item.max_pixels or self.settings.video_frame_pixels(item.detail)
@@ -77,7 +90,7 @@ class MediaPreparer:
                 keys.append(feature_key(v.digest, v.grid_thw, budget, model_fp, encoder))
                 continue
             budget = item.max_pixels or self.settings.detail_pixels(item.detail)
-            p = self.image(item, budget)
+            p = self.image(item, budget, gone)
             decode_s += p.timings["image_decode_ms"] / 1e3
             prep_s += p.timings["preprocess_ms"] / 1e3
             prepared.append(p)

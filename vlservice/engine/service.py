@@ -34,7 +34,7 @@ from ..config import Settings
 from ..errors import APIError, Busy, Cancelled, ContextLengthExceeded, InvalidRequest, NotReady
 from . import images as imgs
 from . import video as vid
-from .caches import FeatureCache, PrefixCache, ResultCache, SharedStore
+from .caches import FeatureCache, FeatureShape, PrefixCache, ResultCache, SharedStore
 from .checkpoints import DEMO_NOTICE, ModelSource, resolve
 from .constrain import GrammarError, Grammars, explain, param_of
 from .counters import Counters
@@ -79,6 +79,8 @@ class VLModelService:
         self.inputs = ModelInputs(self.model, eos)
         self.grammars = Grammars(self.tokenizer, self.inputs.eos_ids)  # `response_format` matchers
         self.lean: LeanLM | SplitLM = LeanLM(self.model)
+        vision_cfg = self.model.config.vision_config  # what the encoder gives per token: a cached entry must match
+        self.feature_width = (int(vision_cfg.out_hidden_size), len(vision_cfg.deepstack_visual_indexes))
         self.generation_defaults = {
             "temperature": float(getattr(gen, "temperature", None) or 0.0) if gen.do_sample else 0.0,
             "top_p": float(getattr(gen, "top_p", None) or 1.0),
@@ -314,7 +316,7 @@ class VLModelService:
                                      f"{explain(exc)}", param=param_of(s.grammar), code="invalid_schema") from None
             compile_s = time.perf_counter() - t
         space = self.model_fp + (f"/{request.tenant}" if request.tenant else "")  # no cache shared across tenants
-        prepared, keys, media_timings = self.media.prepare(request.media, space, self.encoder.name)
+        prepared, keys, media_timings = self.media.prepare(request.media, space, self.encoder.name, request.gone.is_set)
         prompt = chat_prompt(self.tokenizer, request.messages, prepared, request.tools)
         if len(prompt) + s.max_tokens > self.settings.max_context_tokens:
             raise ContextLengthExceeded(
@@ -362,7 +364,7 @@ class VLModelService:
         for i in needed:
             p, key = work.prepared[i], work.keys[i]
             t = time.perf_counter()
-            f = self.cache.get(key) if key else None
+            f = self.cache.get(key, self.feature_shape(p)) if key else None
             lookup_s += time.perf_counter() - t
             if f is None:
                 hit_all = False
@@ -381,6 +383,12 @@ class VLModelService:
         timings["vision_cache_hit"] = bool(work.prepared) and hit_all
         timings.update(media_tokens(work.prepared))
         return feats
+
+    def feature_shape(self, prepared) -> FeatureShape:
+        """What the encoder's features of one prepared image or clip are (a cached entry read back
+        from disk or Redis is checked against it before use)."""
+        spec = self.video_spec if isinstance(prepared, vid.PreparedVideo) else self.spec
+        return FeatureShape.of(prepared.grid_thw, spec.merge_size, *self.feature_width)
 
     def _replay(self, gen: Generation, cached: dict, timings: dict) -> None:
         """An identical greedy request answered from the result cache: no model work, no queue."""

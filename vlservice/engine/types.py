@@ -3,6 +3,7 @@ events a running request reports. No HTTP here: the protocol layer builds these.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from dataclasses import dataclass, field
 
@@ -69,6 +70,11 @@ class ChatRequest:
     result_cache: bool = True  # an identical greedy request may be answered from the result cache
     tools: list = field(default_factory=list)  # OpenAI's tool objects, rendered by the chat template
     tenant: str = ""  # the API key's tenant ("" without keys): its fair share, its own caches and cancels
+    gone: threading.Event = field(default_factory=threading.Event, repr=False)  # its client left during submit
+
+    def cancel(self) -> None:
+        """Its client left before a Generation existed: submission stops its media work."""
+        self.gone.set()
     id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex[:24])
 
     @property

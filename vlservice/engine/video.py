@@ -93,7 +93,7 @@ class Limits:
     max_bytes: int = 64 * 1024 * 1024
     max_seconds: float = 120.0
     max_frames: int = 64  # sampled frames (after the odd count is made even)
-    max_pixels: int = 40_000_000  # one frame's width x height, from the header
+    max_pixels: int = 40_000_000  # one frame's width x height: the header's, then each decoded frame's
 
 
 @dataclass
@@ -306,7 +306,7 @@ def decode(data: bytes, spec: VideoSpec, limits: Limits = Limits(), fps: float |
             least = spec.min_frames if min_frames is None else min(min_frames, cap_frames)
             indices = sample_indices(header.frames, header.fps, fps or spec.fps, least, cap_frames)
             size_of = (lambda h0, w0: target_size(len(indices), h0, w0, spec, frame_pixels)) if resize else None
-            return _read(cap, header, indices, size_of), indices, header
+            return _read(cap, header, indices, size_of, limits.max_pixels), indices, header
         finally:
             cap.release()
     finally:
@@ -326,7 +326,8 @@ def load(data: bytes, spec: VideoSpec, limits: Limits = Limits(), fps: float | N
     return prepared
 
 
-def _read(cap, header: Header, indices: np.ndarray, size_of=None) -> list[np.ndarray]:
+def _read(cap, header: Header, indices: np.ndarray, size_of=None,
+          max_pixels: int = Limits.max_pixels) -> list[np.ndarray]:
     """The sampled frames (RGB uint8), in one pass. Containers may overstate their frame count by
     a frame or two (the count is estimated from the duration): the missing tail repeats the last
     frame read; a stream that ends sooner than that is truncated. `size_of(h0, w0) -> (h, w)`: each
@@ -340,6 +341,7 @@ def _read(cap, header: Header, indices: np.ndarray, size_of=None) -> list[np.nda
             ok, frame = cap.retrieve()
             if not ok or frame is None:
                 raise InvalidVideo(f"frame {i} of the video could not be decoded (corrupt)")
+            _check_frame(frame, max_pixels, i)
             if source is None:
                 source = frame.shape[:2]
                 target = size_of(*source) if size_of else source
@@ -365,6 +367,15 @@ def _read(cap, header: Header, indices: np.ndarray, size_of=None) -> list[np.nda
         raise InvalidVideo("the video's frame size changes within the stream")
     header.source_size = source
     return out
+
+
+def _check_frame(frame: np.ndarray, max_pixels: int, i: int) -> None:
+    """A decoded frame's real size against the limit, before any work on it: the container's header
+    (checked in `_header`) may claim 64x64 for a stream of 8000x8000 frames."""
+    h, w = frame.shape[:2]
+    if h * w > max_pixels:
+        raise VideoTooLarge(f"frame {i} of the video is {w}x{h} = {w * h} pixels (its header said less); "
+                            f"the limit is {max_pixels}")
 
 
 def reduction(height: int, width: int, target: tuple) -> int:

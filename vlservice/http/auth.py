@@ -4,7 +4,8 @@ Keys: every `/v1/` route needs `Authorization: Bearer <key>` when `VL_API_KEY` o
 set (new routes are protected by default); the token is compared with every key in constant time,
 whatever matches. Each key is a tenant (`g.tenant`, its name): a tenant gets its fair share of the
 queue and the batch, cancels only its own requests, and shares no cache with another
-(docs/operations.md, Tenants). Health, readiness, metrics and the page stay public. CORS is off unless origins are
+(docs/operations.md, Tenants). `/api/stats` and `/metrics` need a key too (`PROTECTED`);
+health, readiness, the page and its `/api/config` stay public. CORS is off unless origins are
 listed; there is no wildcard.
 """
 
@@ -16,6 +17,11 @@ from flask import Flask, Response, g, request
 
 from ..config import Settings
 from ..errors import AuthenticationError
+
+
+# What a key guards: the API (new routes under /v1/ are protected by default) and the statistics,
+# which tell who is using the server how much (Prometheus sends the key as `Authorization: Bearer`).
+PROTECTED = ("/v1/", "/api/stats", "/metrics")
 
 
 def tenant_keys(settings: Settings) -> dict[str, str]:
@@ -36,7 +42,7 @@ def init_app(app: Flask, settings: Settings) -> None:
 
     @app.before_request
     def authenticate():
-        if not keys or not request.path.startswith("/v1/") or request.method == "OPTIONS":
+        if not keys or not request.path.startswith(PROTECTED) or request.method == "OPTIONS":
             return None
         given = request.headers.get("Authorization", "")
         token = given[7:] if given.startswith("Bearer ") else ""

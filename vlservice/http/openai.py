@@ -13,7 +13,7 @@ from flask import Blueprint, Response, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..engine.grounding import GroundingParser, grounding, parse
-from ..errors import InvalidRequest, NotFound
+from ..errors import InvalidRequest, NotFound, brief
 from ..engine.toolcalls import CallStream, split_calls
 from ..protocol import load_body, parse_chat
 from ..protocol.answers import (AssistantReply, ChatCompletion, ChatCompletionCancel, ChatCompletionChunk, Choice,
@@ -44,7 +44,7 @@ def models():
 @bp.post("/v1/chat/completions/<request_id>/cancel")
 def cancel(request_id: str):
     if not current().service.cancel(request_id, g.get("tenant", "")):
-        raise NotFound(f"no running request with id {request_id!r}", param="id")
+        raise NotFound(f"no running request with id {brief(request_id)}", param="id")
     return _json(ChatCompletionCancel(id=request_id, object="chat.completion.cancel", cancelled=True))
 
 
@@ -77,7 +77,8 @@ def chat_completions():
     if ctx.priority_allowed(req.tenant):
         req.priority = priority if priority in ("interactive", "default", "batch") else "default"
     t0 = time.perf_counter()
-    gen = ctx.service.submit(req)
+    with cancel_on_disconnect(req, request.environ):  # a client that leaves stops its media's decoding
+        gen = ctx.service.submit(req)
     model = ctx.service.model_name
     headers = {"X-Request-Id": gen.id, "X-Queue-Position": str(gen.queue_position)}
     if opts["stream"]:

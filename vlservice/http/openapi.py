@@ -223,13 +223,16 @@ def _cancel(security: list) -> dict:
     }
 
 
-def _get(security: list, op_id: str, summary: str, ok: dict, tag: str = "operations", **more: Any) -> dict:
-    """A GET operation; public unless `tag` is an API one (then behind the key like /v1/*)."""
+def _get(security: list, op_id: str, summary: str, ok: dict, tag: str = "operations", keyed: bool = False,
+         **more: Any) -> dict:
+    """A GET operation; public unless `tag` is an API one or it is `keyed` (then behind the key like
+    /v1/*: the statistics, `auth.PROTECTED`)."""
     responses = {"200": ok, **more}
-    if tag != "operations":
+    keyed = keyed or tag != "operations"
+    if keyed:
         responses["401"] = _error(_UNAUTHORIZED)
     return {"get": {"operationId": op_id, "tags": [tag], "summary": summary,
-                    "security": security if tag != "operations" else [], "responses": responses}}
+                    "security": security if keyed else [], "responses": responses}}
 
 
 def _paths(settings) -> dict:
@@ -247,11 +250,11 @@ def _paths(settings) -> dict:
         "/readyz": get("ready", "Readiness: the model is loaded and warmed up", _json("ready", "Ready"),
                        **{"503": _error("still loading or warming up (`not_ready`), or shutting down (`draining`)")}),
         "/api/stats": get("stats", "Live statistics of this worker: memory, queue, caches, counters, CPU",
-                          _json("statistics", "Stats")),
+                          _json("statistics", "Stats"), keyed=True),
         "/api/config": get("config", "What clients need to know: limits, model, detail budgets",
                            _json("configuration", "Config")),
         "/metrics": get("metrics", "Prometheus metrics", {"description": "Prometheus text format", "content": {
-            "text/plain": {"schema": {"type": "string"}}}}),
+            "text/plain": {"schema": {"type": "string"}}}}, keyed=True),
         "/openapi.json": get("openapi", "This document", {"description": "OpenAPI 3.1", "content": {
             JSON: {"schema": {"type": "object"}}}}),
     }

@@ -58,9 +58,9 @@ def healthz():
 def readyz():
     ctx = current()
     if not ctx.service.ready:
-        raise NotReady("the model is loading and warming up")
+        raise NotReady("the model is loading and warming up", retry_after=5)
     if ctx.service.draining:  # out of the balancer's rotation at once; running requests still finish
-        raise NotReady("shutting down", code="draining")
+        raise NotReady("shutting down", code="draining", retry_after=1)
     info = ctx.service.info()
     return {"status": "ready", "model": info["model"], "demo": info["demo"], "notice": (info["demo_notice"] or {}).get("en"),
             "vision_backend": info["vision_backend"], "load_s": info["load_s"], "warmup_s": info["warmup_s"]}

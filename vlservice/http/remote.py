@@ -15,7 +15,7 @@ import socket
 import ssl
 from urllib.parse import urlsplit
 
-from ..errors import ImageTooLarge, InvalidRequest
+from ..errors import ImageTooLarge, InvalidRequest, brief
 
 
 def is_public(address: str) -> bool:
@@ -45,7 +45,7 @@ class RemoteFetcher:
             raise InvalidRequest("only https image URLs are allowed", param=param, code="invalid_image_url")
         host = (parts.hostname or "").lower()
         if host not in self.hosts:
-            raise InvalidRequest(f"image host {host!r} is not in the allowlist", param=param,
+            raise InvalidRequest(f"image host {brief(host)} is not in the allowlist", param=param,
                                  code="image_host_not_allowed")
         port = parts.port or 443
         address = self._checked_address(host, port, param)
@@ -71,14 +71,14 @@ class RemoteFetcher:
         try:
             infos = self.resolver(host, port, type=socket.SOCK_STREAM)
         except OSError:
-            raise InvalidRequest(f"image host {host!r} does not resolve", param=param,
+            raise InvalidRequest(f"image host {brief(host)} does not resolve", param=param,
                                  code="image_fetch_failed") from None
         addresses = [info[4][0] for info in infos]
         if not addresses:
-            raise InvalidRequest(f"image host {host!r} does not resolve", param=param, code="image_fetch_failed")
+            raise InvalidRequest(f"image host {brief(host)} does not resolve", param=param, code="image_fetch_failed")
         for a in addresses:
             if not self.address_allowed(a):
-                raise InvalidRequest(f"image host {host!r} resolves to a non-public address", param=param,
+                raise InvalidRequest(f"image host {brief(host)} resolves to a non-public address", param=param,
                                      code="image_host_not_allowed")
         return addresses[0]
 

@@ -11,7 +11,7 @@ from ..config import Settings
 from ..engine.images import probe
 from ..engine.types import ImageInput, VideoInput
 from ..engine.video import sniff
-from ..errors import APIError, ImageTooLarge, InvalidImage, InvalidRequest, InvalidVideo, VideoTooLarge
+from ..errors import APIError, ImageTooLarge, InvalidImage, InvalidRequest, InvalidVideo, VideoTooLarge, brief
 from .base import _DATA_URL, MEDIA_TYPES, VIDEO_TYPES, _first
 from .messages import ImagePart, ImageURL, InputVideoPart, MMProcessorKwargs, TextPart, VideoPart, VideoURL
 
@@ -149,7 +149,7 @@ def _image(spec, param: str, settings: Settings, fetch_remote, options: dict | N
             raise InvalidRequest("remote image URLs are disabled on this server; send the image as a data URL "
                                  "(data:image/jpeg;base64,...)", param=param, code="remote_images_disabled")
         return image(fetch_remote(url, param))
-    raise InvalidRequest(f"unsupported image URL scheme {scheme or url[:16]!r}: use a data URL", param=param,
+    raise InvalidRequest(f"unsupported image URL scheme {brief(scheme or url[:16])}: use a data URL", param=param,
                          code="invalid_image_url")
 
 
@@ -172,7 +172,7 @@ def _video(spec: VideoURL, param: str, settings: Settings, fetch_remote, options
             return clip(fetch_remote(url, param, max_bytes=settings.max_video_bytes))
         except ImageTooLarge as exc:  # the fetcher's size error, said of a video
             raise VideoTooLarge(exc.message, param=param) from None
-    raise InvalidRequest(f"unsupported video URL scheme {scheme or url[:16]!r}: use a data URL", param=param,
+    raise InvalidRequest(f"unsupported video URL scheme {brief(scheme or url[:16])}: use a data URL", param=param,
                          code="invalid_video_url")
 
 
@@ -202,7 +202,7 @@ def decode_data_url(url: str, param: str, max_bytes: int, media: _Media = IMAGE)
         raise media.invalid("the data URL must be base64-encoded (;base64,)", param=param)
     declared = (m.group("type") or "").lower()
     if declared and declared not in media.types:
-        raise media.invalid(f"unsupported media type {declared!r}; send {media.names}", param=param)
+        raise media.invalid(f"unsupported media type {brief(declared)}; send {media.names}", param=param)
     payload = url[m.end():]
     if len(payload) > (max_bytes * 4) // 3 + 8:
         raise media.too_large(f"the {media.what} is larger than the limit of {max_bytes} bytes", param=param)

@@ -4,7 +4,7 @@ tools."""
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, WithJsonSchema, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..config import Settings
@@ -53,6 +53,7 @@ class JsonSchemaFormat(_Format):
 
     type: Literal["json_schema"]
     json_schema: JsonSchemaSpec
+    _grammar: str | None = PrivateAttr(None)  # compiled once, by `_compiles`
 
     @model_validator(mode="after")
     def _compiles(self):
@@ -60,7 +61,7 @@ class JsonSchemaFormat(_Format):
 
         if self.json_schema.schema_ is not None:
             try:
-                grammar_for("json_schema", self.json_schema.schema_)
+                self._grammar = grammar_for("json_schema", self.json_schema.schema_)
             except GrammarError as exc:
                 raise PydanticCustomError("invalid_schema", "`response_format.json_schema.schema` cannot be used: "
                                           "{reason}", {"param": "response_format.json_schema.schema",
@@ -82,7 +83,7 @@ def grammar_of(fmt) -> str | None:
     if isinstance(fmt, JsonObjectFormat) or (isinstance(fmt, JsonSchemaFormat) and fmt.json_schema.schema_ is None):
         return grammar_for("json_object")
     if isinstance(fmt, JsonSchemaFormat):
-        return grammar_for("json_schema", fmt.json_schema.schema_)
+        return fmt._grammar or grammar_for("json_schema", fmt.json_schema.schema_)
     return None
 
 
@@ -192,6 +193,7 @@ def request_model(settings: Settings) -> type[BaseModel]:
             "\"json_schema\": {\"name\", \"schema\", \"strict\"}} (the answer validates against the schema), "
             "enforced by grammar-constrained decoding; the answer parses unless `max_tokens` cut it "
             "(`finish_reason` \"length\") or a `stop` string did. Default {\"type\": \"text\"}"))
+        _tool_grammar: str | None = PrivateAttr(None)  # a forced call's grammar, compiled once (tools.py)
         mm_processor_kwargs: MMProcessorKwargs | None = Field(None, description=(
             "vLLM's spelling of request-level media options (`max_pixels`, `min_pixels`, `fps`); precedence: an "
             "item's own field, then its `detail`, then these, then the server's default (`detail` auto)"))

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import Field
 from pydantic_core import PydanticCustomError
 
+from ..errors import brief
 from .base import _In, _tagged
 
 NAME = r"^[a-zA-Z0-9_.-]{1,64}$"  # OpenAI's function names (the dot as vLLM and llama.cpp allow)
@@ -59,10 +60,10 @@ def check_tools(r) -> None:
     names = [t.function.name for t in tools]
     for i, name in enumerate(names):
         if name in names[:i]:
-            raise _error(f"tools[{i}].function.name", f"two tools are named {name!r}")
+            raise _error(f"tools[{i}].function.name", f"two tools are named {brief(name)}")
     choice = r.tool_choice
     if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
-        raise _error("tool_choice.function.name", f"`tool_choice` names {choice.function.name!r}, which is not "
+        raise _error("tool_choice.function.name", f"`tool_choice` names {brief(choice.function.name)}, which is not "
                      "one of `tools`" if tools else "`tool_choice` names a function but `tools` is empty")
     if choice == "required" and not tools:
         raise _error("tool_choice", "`tool_choice` \"required\" needs `tools`")
@@ -70,7 +71,7 @@ def check_tools(r) -> None:
         raise _error("response_format", "`response_format` cannot be combined with `tool_choice` \"required\" or a "
                      "named function: the answer is the calls")
     if forced(r):
-        grammar_of_tools(r)
+        grammar_of_tools(r)  # compiled once: kept on the request for `parse_chat`
 
 
 def forced(r) -> bool:
@@ -83,23 +84,31 @@ def offered(r) -> bool:
 
 
 def grammar_of_tools(r) -> str | None:
-    """The grammar of a forced answer (None when the model chooses); a function's schema that
-    cannot be compiled is refused, naming that function's `parameters`."""
+    """The grammar of a forced answer (None when the model chooses), built and compiled once per
+    request (kept on it as `_tool_grammar`); a function's schema that cannot be compiled is
+    refused, naming that function's `parameters` (found one function at a time, only then)."""
     from ..engine.constrain import GrammarError, explain, tool_grammar
 
     if not forced(r):
         return None
+    if getattr(r, "_tool_grammar", None) is not None:
+        return r._tool_grammar
     named = r.tool_choice.function.name if isinstance(r.tool_choice, NamedToolChoice) else None
     chosen = [(i, t.function) for i, t in enumerate(r.tools) if named is None or t.function.name == named]
-    for i, f in chosen:
-        try:
-            tool_grammar([(f.name, f.parameters)])
-        except GrammarError as exc:
-            raise PydanticCustomError("invalid_schema", "`tools[{i}].function.parameters` cannot be used: {reason}",
-                                      {"param": f"tools[{i}].function.parameters", "i": i,
-                                       "reason": explain(exc)}) from None
     parallel = r.parallel_tool_calls is not False
-    return tool_grammar([(f.name, f.parameters) for _, f in chosen], parallel and named is None)
+    try:
+        grammar = tool_grammar([(f.name, f.parameters) for _, f in chosen], parallel and named is None)
+    except GrammarError as whole:
+        for i, f in chosen:
+            try:
+                tool_grammar([(f.name, f.parameters)])
+            except GrammarError as exc:
+                raise PydanticCustomError("invalid_schema", "`tools[{i}].function.parameters` cannot be used: "
+                                          "{reason}", {"param": f"tools[{i}].function.parameters", "i": i,
+                                                       "reason": explain(exc)}) from None
+        raise _error("tools", f"`tools` cannot be used together: {explain(whole)}", "invalid_schema") from None
+    r._tool_grammar = grammar
+    return grammar
 
 
 def tools_for_template(r) -> list[dict]:

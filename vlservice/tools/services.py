@@ -20,6 +20,7 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[2]
 NGINX_TEMPLATE = ROOT / "deploy" / "nginx" / "templates" / "default.conf.template"
+NGINX_EDGE = ROOT / "deploy" / "nginx" / "edge"  # the shared edge files the template includes
 
 
 def free_port() -> int:
@@ -58,22 +59,29 @@ class _Process:
 
 
 class RedisProcess(_Process):
-    def __init__(self, workdir: Path):
+    """`password`: Redis requires it (`--requirepass`, as the shipped compose.scale.yaml and
+    deploy/k8s/redis.yaml run it); `url` stays without it (VL_REDIS_URL, with VL_REDIS_PASSWORD
+    beside it), `url_with_password` carries it."""
+
+    def __init__(self, workdir: Path, password: str = ""):
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.password = password
+        self.url_with_password = f"redis://:{password}@127.0.0.1:{self.port}/0" if password else self.url
         self.workdir = workdir
         self.proc: subprocess.Popen | None = None
 
     def client(self):
         import redis
 
-        return redis.Redis(port=self.port, socket_timeout=2)
+        return redis.Redis(port=self.port, password=self.password or None, socket_timeout=2)
 
     def start(self) -> "RedisProcess":
         # allkeys-lru under maxmemory, as deploy/k8s/redis.yaml and compose.scale.yaml run it
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru", "--dir", str(self.workdir)],
+             "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru", "--dir", str(self.workdir)]
+            + (["--requirepass", self.password] if self.password else []),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait(self._pings, "redis-server")
         return self
@@ -100,7 +108,8 @@ class NginxProcess(_Process):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.workdir = workdir
-        self.values = {"VL_LISTEN": f"127.0.0.1:{self.port}", "VL_REPLICA_1": upstreams[0], "VL_REPLICA_2": upstreams[1]}
+        self.values = {"VL_LISTEN": f"127.0.0.1:{self.port}", "VL_REPLICA_1": upstreams[0], "VL_REPLICA_2": upstreams[1],
+                       "VL_EDGE_DIR": str(NGINX_EDGE)}
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "NginxProcess":

@@ -2,9 +2,9 @@
 caches (prefix), and whole answers to identical greedy requests (results); the first and the
 last also in Redis, shared by replicas (shared)."""
 
-from .features import FeatureCache, feature_key
+from .features import FeatureCache, FeatureShape, feature_key
 from .prefix import PrefixCache
 from .results import ResultCache
 from .shared import SharedStore
 
-__all__ = ["FeatureCache", "feature_key", "PrefixCache", "ResultCache", "SharedStore"]
+__all__ = ["FeatureCache", "FeatureShape", "feature_key", "PrefixCache", "ResultCache", "SharedStore"]

@@ -16,6 +16,13 @@ not per worker. With one worker that never happens.
 With `VL_REDIS_URL` a third tier sits behind these two (`shared.py`): what another replica
 encoded is found there, and every new entry is written there too.
 
+What comes back from disk or Redis is checked before use against what the image's grid implies
+(`FeatureShape`: grid_t*grid_h*grid_w / merge_size**2 tokens, the model's hidden size, its number of
+deepstack layers, float32, finite values): a file or a Redis value may be stale, damaged or forged
+(whoever can write Redis can plant one, with a valid checksum). A mismatch is a miss: the encoder
+runs, the entry is replaced, `mismatched` counts it, and the first one is logged (the later ones
+are only counted).
+
 Why not diskcache (issue 32): measured in one run against a diskcache tier doing the same (npz bytes,
 `eviction_policy="least-recently-used"`), features of Qwen3-VL-2B's shape (4 arrays of (tokens, 2048)
 float32), medians on the 2-core dev box under load: a get of 2 MB took 6.5 ms here against 9-12 ms,
@@ -35,6 +42,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +57,35 @@ log = logging.getLogger(__name__)
 def feature_key(digest: str, grid_thw: tuple, budget: int, model_fp: str, backend: str) -> str:
     raw = f"{digest}|{tuple(grid_thw)}|{budget}|{model_fp}|{backend}".encode()
     return hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True)
+class FeatureShape:
+    """What one image's (or clip's) features must be: `tokens` rows of `hidden` floats of `dtype`,
+    in the embeds and in each of `layers` deepstack arrays."""
+
+    tokens: int
+    hidden: int
+    layers: int
+    dtype: str = "float32"
+
+    @classmethod
+    def of(cls, grid_thw: tuple, merge_size: int, hidden: int, layers: int) -> "FeatureShape":
+        t, h, w = (int(x) for x in grid_thw)
+        return cls(tokens=t * h * w // (merge_size * merge_size), hidden=hidden, layers=layers)
+
+    def mismatch(self, feats: VisionFeatures) -> str | None:
+        """Why `feats` cannot be this image's features, or None when they fit."""
+        if not isinstance(feats.deepstack, list) or len(feats.deepstack) != self.layers:
+            return f"{len(feats.deepstack)} deepstack layers, expected {self.layers}"
+        want = (self.tokens, self.hidden)
+        for name, a in (("embeds", feats.embeds), *((f"deepstack {i}", d) for i, d in enumerate(feats.deepstack))):
+            if not isinstance(a, np.ndarray) or a.dtype != np.dtype(self.dtype) or a.shape != want:
+                return (f"{name} is {getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}, "
+                        f"expected {self.dtype} {want}")
+            if not np.isfinite(a.sum()):  # one pass, no temporary: NaN or inf anywhere (or overflow) shows
+                return f"{name} has values that are not finite"
+        return None
 
 
 class _MemoryTier(LRUCache):
@@ -85,23 +122,25 @@ class FeatureCache:
         self.disk_bytes = disk_bytes
         self._mem = _MemoryTier(memory_bytes)
         self._lock = threading.Lock()
-        self.hits = self.misses = self.disk_hits = self.shared_hits = self.corrupt = 0
+        self.hits = self.misses = self.disk_hits = self.shared_hits = self.corrupt = self.mismatched = 0
         if self.disk_dir:
             self.disk_dir.mkdir(parents=True, exist_ok=True)
         self._stamp_seen = self._stamp_ns()
         self._disk = self._disk_scan()
 
     # ----------------------------------------------------------------- public
-    def get(self, key: str) -> VisionFeatures | None:
+    def get(self, key: str, expect: FeatureShape | None = None) -> VisionFeatures | None:
+        """The features stored under `key`, or None. `expect`: what they must be (the image's
+        grid and the model's widths); an entry from disk or Redis that differs is a miss, and goes."""
         with self._lock:
             feats = self._mem.get(key)  # a hit becomes the most recently used
-            if feats is not None:
+            if feats is not None:  # only what the encoder made or a checked read gets here
                 self.hits += 1
                 return feats
-        feats = self._disk_get(key)
+        feats = self._disk_get(key, expect)
         tier = "disk_hits"
         if feats is None:
-            feats, tier = self._shared_get(key), "shared_hits"
+            feats, tier = self._shared_get(key, expect), "shared_hits"
         with self._lock:
             if feats is None:
                 self.misses += 1
@@ -124,6 +163,7 @@ class FeatureCache:
                 "hits": self.hits, "misses": self.misses, "disk_hits": self.disk_hits,
                 "entries": len(self._mem), "bytes": self._mem.currsize, "capacity_bytes": self.memory_bytes,
                 "evictions": self._mem.evictions, "corrupt": self.corrupt, "shared_hits": self.shared_hits,
+                "mismatched": self.mismatched,
                 "disk_bytes": self._disk.currsize, "disk_entries": len(self._disk),
             }
 
@@ -132,17 +172,35 @@ class FeatureCache:
         if feats.nbytes <= self.memory_bytes:  # larger than the whole tier: not kept
             self._mem[key] = feats
 
+    def _mismatch(self, tier: str, key: str, feats: VisionFeatures, expect: FeatureShape | None) -> bool:
+        """True (counted, the first one logged) when `feats`, read from `tier`, are not what `expect` says."""
+        why = expect.mismatch(feats) if expect is not None else None
+        if why is None:
+            return False
+        with self._lock:
+            self.mismatched += 1
+            first = self.mismatched == 1
+        (log.warning if first else log.debug)(
+            "ignoring a feature entry in %s that does not fit its image (%s; key %s): encoding it again%s",
+            tier, why, key[:12], " (further ones are counted in the feature cache's `mismatched`, not logged)"
+            if first else "")
+        return True
+
     # ----------------------------------------------------------------- shared (Redis)
-    def _shared_get(self, key: str) -> VisionFeatures | None:
+    def _shared_get(self, key: str, expect: FeatureShape | None = None) -> VisionFeatures | None:
         data = self.shared.get("features", key) if self.shared else None
         if data is None:
             return None
+        assert self.shared is not None
         try:
-            return unpack_features(data)
+            feats = unpack_features(data)
         except CorruptEntry as exc:  # a miss: the encoder runs and the entry is written anew
-            assert self.shared is not None
             self.shared.corrupt("features", key, str(exc))
             return None
+        if self._mismatch("Redis", key, feats, expect):
+            self.shared.drop("features", key)  # counted there too; written anew by the encoder's put
+            return None
+        return feats
 
     # ----------------------------------------------------------------- disk
     def _path(self, key: str) -> Path:
@@ -185,7 +243,7 @@ class FeatureCache:
                 index[Path(name)] = size
         return index
 
-    def _disk_get(self, key: str) -> VisionFeatures | None:
+    def _disk_get(self, key: str, expect: FeatureShape | None = None) -> VisionFeatures | None:
         if not self.disk_dir:
             return None
         path = self._path(key)
@@ -204,6 +262,11 @@ class FeatureCache:
             log.warning("removing unreadable feature cache entry %s (%s)", path.name, type(exc).__name__)
             with self._lock:
                 self.corrupt += 1
+                self._disk.pop(path, None)
+            path.unlink(missing_ok=True)
+            return None
+        if self._mismatch("the disk cache", key, feats, expect):
+            with self._lock:
                 self._disk.pop(path, None)
             path.unlink(missing_ok=True)
             return None

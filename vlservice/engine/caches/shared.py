@@ -33,6 +33,7 @@ import logging
 import struct
 import threading
 import time
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -50,6 +51,22 @@ _HEAD = struct.Struct("<4sI")  # magic, length of the JSON header that follows
 
 class CorruptEntry(ValueError):
     """A stored value that does not decode into what its key promises."""
+
+
+def redact_url(url: str) -> str:
+    """`url` fit to log or show: its user name and password (and any query, which redis-py also
+    reads a password from) replaced; a URL that does not parse shows only its scheme."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return url.split(":", 1)[0] + "://***"
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
+    auth = "***@" if parts.username or parts.password or "@" in parts.netloc else ""
+    query = "?***" if parts.query else ""
+    return f"{parts.scheme}://{auth}{host}{port}{parts.path}{query}"
 
 
 def pack_features(feats: VisionFeatures) -> bytes:
@@ -87,17 +104,20 @@ def unpack_features(data: bytes) -> VisionFeatures:
 class SharedStore:
     """One Redis connection pool for both caches, failing open, with its own counters."""
 
-    def __init__(self, url: str, namespace: str, timeout_s: float, ttl_s: int):
+    def __init__(self, url: str, namespace: str, timeout_s: float, ttl_s: int, password: str = ""):
+        """`password`: Redis' (AUTH), unless `url` carries one (`redis://:password@host`), which wins.
+        Neither is ever logged or shown: only `url_shown`, the URL without its credentials."""
         import redis
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
-        self.url_shown = url.split("@")[-1]  # never log a password
+        self.url_shown = redact_url(url)  # never log a password
         self.namespace = namespace
         self.ttl_s = ttl_s
         self.timeout_s = timeout_s
+        extra = {"password": password} if password else {}
         self._redis = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                           retry=Retry(NoBackoff(), 0))
+                                           retry=Retry(NoBackoff(), 0), **extra)
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self._lock = threading.Lock()
         # threads start on the first call (after the fork, in the worker), not here
@@ -122,8 +142,12 @@ class SharedStore:
 
     def corrupt(self, kind: str, key: str, why: str) -> None:
         """A value that did not decode: counted, logged, and removed so that it is written anew."""
-        self._count("corrupt")
         log.warning("ignoring a corrupt %s entry in Redis (%s)", kind, why)
+        self.drop(kind, key)
+
+    def drop(self, kind: str, key: str) -> None:
+        """A value its reader refused (the caller logs why): counted as corrupt, and removed."""
+        self._count("corrupt")
         self._call(lambda: self._redis.delete(self._key(kind, key)))
 
     def stats(self) -> dict:
