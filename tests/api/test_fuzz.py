@@ -206,7 +206,8 @@ def test_api_conforms_to_its_openapi(case):
 @pytest.mark.parametrize("api_key", ["", "k1, k2"])
 def test_openapi_document_is_valid_openapi_31(api_key):
     """No server: the document for given settings validates against the OpenAPI 3.1 meta-schema,
-    and the bearer scheme applies to /v1/* only when a key is configured."""
+    and the bearer scheme applies to what the key protects (/v1/*, /api/stats, /metrics) only when
+    a key is configured."""
     from types import SimpleNamespace
 
     from schemathesis.specs.openapi.definitions import OPENAPI_31_VALIDATOR
@@ -219,11 +220,13 @@ def test_openapi_document_is_valid_openapi_31(api_key):
     errors = [str(e)[:300] for e in OPENAPI_31_VALIDATOR.iter_errors(doc)]
     assert errors == []
     json.dumps(doc)  # plain JSON
+    from vlservice.http.auth import PROTECTED
+
     want = [{"bearerAuth": []}] if api_key else []
     for path, ops in doc["paths"].items():
         for op in ops.values():
-            assert op["security"] == (want if path.startswith("/v1/") else []), path
-            assert ("401" in op["responses"]) == path.startswith("/v1/"), path
+            assert op["security"] == (want if path.startswith(PROTECTED) else []), path
+            assert ("401" in op["responses"]) == path.startswith(PROTECTED), path
     props = doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]
     assert props["max_tokens"]["maximum"] == props["max_completion_tokens"]["maximum"] == 300
     # the example request is a valid chat request with a real PNG

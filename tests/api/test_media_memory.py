@@ -182,3 +182,22 @@ def test_bomb_clip_grows_the_worker_by_a_bounded_amount(srv, tmp_path):
     growth = worker.growth(base)
     _report("one clip of 64 sampled 6320x6320 frames (detail low: high needs more than the 8192-token context)", growth)
     assert growth < 1536 * MiB
+
+
+@pytest.mark.parametrize("case", ["8 MB array of numbers in an unknown field", "9 MB of English text",
+                                  "9 MB of Chinese text without spaces", "100,000 messages"])
+def test_work_before_admission_costs_at_most_about_four_times_the_body(srv, case):
+    """The bodies of the adversarial table (vlservice/tools/edge.py) built to cost the server before
+    a slot protects it: each refused, growing the worker by at most 4x its size and 32 MiB (an 8 MB
+    array of numbers grew it by 750 MiB, and 8 MB of text by 1.5 GiB, before the shape check and
+    the text bound)."""
+    from vlservice.tools.edge import body_cases
+
+    body = next(c.data for c in body_cases() if c.name == case)
+    worker = Worker(srv)
+    base = worker.reset_peak()
+    r = requests.post(srv.url + CHAT, data=body, headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 400, r.text
+    growth = worker.growth(base)
+    _report(f"{case} ({len(body) / MiB:.1f} MiB body), refused", growth)
+    assert growth < 4 * len(body) + 32 * MiB

@@ -22,6 +22,8 @@ from conftest import ARTIFACTS, image_message, png_bytes, scene, wait_until
 from server import ServerProcess
 from vlservice.tools.services import NginxProcess, RedisProcess
 
+pytestmark = pytest.mark.server  # real replicas, Redis and nginx: slow tier
+
 QUESTION = "Describe this image."
 REDIS_PASSWORD = "s3cret-test-Pa55"  # never to be seen in a log or in /api/stats
 

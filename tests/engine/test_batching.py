@@ -188,6 +188,7 @@ def test_a_row_scaled_int8_linear_reads_its_weights_once():
         assert torch.allclose(lin(x), first + 10, atol=1e-3)
 
 
+@pytest.mark.slow  # over 10 s: out of the --fast tier
 def test_sixteen_concurrent_requests_answer_as_they_do_alone(batched, one_at_a_time):
     """Mixed lengths, stop strings, min_tokens and seeded sampling: batched answers equal the
     answers given one at a time."""

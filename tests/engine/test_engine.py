@@ -327,6 +327,7 @@ def test_identical_request_prefills_one_token_and_result_cache(service_for):
     assert sampled["timings"]["result_cache_hit"] is False  # only greedy answers are cached
 
 
+@pytest.mark.slow  # over 10 s: out of the --fast tier
 def test_llm_int8_is_opt_in_and_answers(settings_for):
     from torch.ao.nn.quantized.dynamic import Linear as QLinear
 
@@ -342,6 +343,7 @@ def test_llm_int8_is_opt_in_and_answers(settings_for):
     assert r["usage"]["completion_tokens"] == 6 and r["text"]
 
 
+@pytest.mark.slow  # over 10 s: out of the --fast tier
 def test_llm_int8_is_stored_once_and_loaded_without_float_linears(settings_for, tiny_model_dir, cache_dir):
     """The INT8 weights are built in a child process and stored under VL_CACHE_DIR; a server then
     loads them into a skeleton: no float32 linear of the LLM, no vision weights once ONNX files
@@ -377,6 +379,7 @@ def test_llm_int8_is_stored_once_and_loaded_without_float_linears(settings_for, 
     assert r["usage"]["completion_tokens"] == 6 and r["text"]
 
 
+@pytest.mark.slow  # over 10 s: out of the --fast tier
 def test_compare_command_reports_agreement_and_speed(tmp_path, tiny_model_dir, cache_dir, monkeypatch):
     from vlservice.tools import compare
 
@@ -455,6 +458,7 @@ def test_int8_encoder_weights_are_unsigned_where_the_cpu_has_no_vnni(service_for
     assert types == ({TensorProto.INT8} if cpu_has_vnni() else {TensorProto.UINT8})
 
 
+@pytest.mark.slow  # over 10 s: out of the --fast tier
 def test_checkpoint_pages_read_while_loading_leave_the_process(tiny_model_dir, tmp_path, cache_dir):
     """Loading reads every weight through a memory map that stays open (the tensors still backed by
     it); the pages it read are dropped from the process before the fork, and what is still backed

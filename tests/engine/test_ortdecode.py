@@ -33,6 +33,7 @@ def _prefilled(svc, picture: int):
     return kv, pos, int(logits.argmax())
 
 
+@pytest.mark.slow  # over 10 s: out of the --fast tier
 def test_the_onnx_decoder_continues_pytorchs_prefill_alone_and_batched(service_for, tiny_model_dir, cache_dir):
     """The unquantised graph (the same builder, fp32) decodes what PyTorch decodes from the same
     caches: three sequences of different lengths and M-RoPE offsets in one batch (their caches moved

@@ -120,6 +120,7 @@ def test_corrupt_entries_are_ignored_and_counted(replicas, redis_proc):
     assert json.loads(client.get(keys["results"][0]))["text"] == again["text"]
 
 
+@pytest.mark.slow  # over 10 s: out of the --fast tier
 def test_a_wrong_password_is_an_outage_not_an_error(settings_for, redis_proc, replicas, caplog):
     """The request is answered from the local tiers, the failure counted and logged once (naming
     the refusal, never a password), exactly as when Redis cannot be reached."""
