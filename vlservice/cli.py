@@ -40,6 +40,8 @@ PASSTHROUGH = {
     "eval-demo": ("vlservice.demo.evaluate", "evaluate the demo model (arguments go to vlservice.demo.evaluate)"),
     "compare": ("vlservice.tools.compare", "compare vision backends (arguments go to vlservice.tools.compare)"),
     "soak": ("vlservice.tools.soak", "long-running load test (arguments go to vlservice.tools.soak)"),
+    "edge": ("vlservice.tools.edge", "the adversarial table against direct Gunicorn and the front "
+                                     "(arguments go to vlservice.tools.edge)"),
 }
 
 # Commands with packages of their own (vlservice/tools/requirements.txt), checked before they run.

@@ -14,19 +14,24 @@ Needs root, `buildah` and, when `python:3.11-slim` is neither stored nor pullabl
    /usr/local/bin's, first on PATH, and `pip install` as root works (a venv is not "externally
    managed", PEP 668). A later run finds it and skips this step (`--rebuild-base` redoes it).
 2. `buildah bud --isolation chroot --network host --layers` of the Dockerfile as it is. The host's
-   pip configuration is handed to its RUN steps as read-only bind mounts at the same paths: the
-   config files pip reads (/etc/pip.conf, /etc/xdg/pip/pip.conf, PIP_CONFIG_FILE) and every local
-   file or folder they name (cert, constraint, find-links, file:// indexes). Nothing of it stays
-   in the image. The Dockerfile's `ENV PIP_EXTRA_INDEX_URL` (PyTorch's CPU index) outranks any
-   config file's extra-index-url; where that index cannot be reached pip does not hang, it fails
-   fast (a name that does not resolve is retried 5 times, about 8 s, per project, then pip goes
-   on with the other indexes).
+   pip configuration is handed to its RUN steps as read-only bind mounts: the config files pip
+   reads (/etc/xdg/pip/pip.conf, /etc/pip.conf at their paths, this user's at root's) and every
+   local file or folder they name (cert, constraint, find-links, file:// indexes). Nothing of it
+   stays in the image but empty mount points: buildah 1.28 leaves each `--volume` target it had
+   to create (here /etc/pip.conf, /etc/xdg/pip/*, /root/.config/pip/pip.conf, /opt/wheels,
+   /opt/pypi, /opt/pypi-more) as an empty file or folder. PIP_* environment variables are not
+   passed (only `--env` could, and it would stay in the image). The Dockerfile's
+   `ENV PIP_EXTRA_INDEX_URL` (PyTorch's CPU index) outranks any config file's extra-index-url;
+   where that index cannot be reached pip does not hang, it fails fast (a name that does not
+   resolve is retried 5 times, about 8 s, per project, then pip goes on with the other indexes).
 3. Serves it: `buildah from` the image and `buildah run --isolation chroot` its ENTRYPOINT + CMD
    (`tini -- python deploy/front/launch.py`) as the image's user (uid 10001) in its WORKDIR, with
    VL_MODEL=demo, FRONT_LISTEN on a free loopback port (host network) and /data a fresh temporary
    folder; waits for /readyz, checks /readyz, the page and a chat completion about a picture, then
    stops it (SIGTERM to tini, which the launcher turns into Gunicorn's drain; what is left of the
-   run's processes after a grace period is killed) and removes the working container.
+   run's processes after a grace period is killed) and removes the working container. The one
+   difference from `docker run`: the command's output goes through a pipe its own user owns (runc
+   hands a container's stdio to its user, `buildah run` keeps root's, which nginx cannot reopen).
 4. Reports the image's size and writes a record (`--record`, JSON): the date, the CPU, the command,
    the size, the build's seconds and the checks. Exit status 0 only when every step passed.
 """
@@ -60,7 +65,6 @@ OFFICIAL_BASE = "docker.io/library/python:3.11-slim"
 STAND_IN = "localhost/python:3.11-slim"
 SUITE = "bookworm"  # Debian 12: python3 is 3.11, as in python:3.11-slim
 PATH_ENV = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the official image's
-PIP_CONFIGS = ("/etc/pip.conf", "/etc/xdg/pip/pip.conf")
 PIP_PATH_KEYS = ("cert", "client-cert", "constraint", "find-links", "index-url", "extra-index-url")
 READY_TIMEOUT_S = 900.0  # the first start converts the demo model's vision encoder
 STOP_GRACE_S = 60.0
@@ -192,18 +196,25 @@ def ensure_base(args, work: Path) -> dict:
 
 # ---- 2. the build ------------------------------------------------------------------------------
 
-def pip_config_mounts() -> list[str]:
-    """The host's pip config files and the local paths they name, each to be bind-mounted
-    read-only at the same path into the build's RUN steps."""
-    files = [Path(p) for p in PIP_CONFIGS]
-    files += [Path(d) / "pip" / "pip.conf" for d in os.environ.get("XDG_CONFIG_DIRS", "").split(":") if d]
-    if os.environ.get("PIP_CONFIG_FILE"):
-        files.append(Path(os.environ["PIP_CONFIG_FILE"]))
-    paths: list[Path] = []
-    for f in files:
+def pip_config_mounts() -> list[tuple[str, str]]:
+    """The host's pip configuration for the build's RUN steps (which run as root): each config file
+    pip reads here and each local file or folder they name, as (host path, path in the build).
+    Global files and what they name keep their paths; this user's files go to root's."""
+    xdg_dirs = [d for d in (os.environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":") if d]
+    home = Path.home()
+    xdg_home = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config")
+    files = [(Path(d) / "pip" / "pip.conf", str(Path(d) / "pip" / "pip.conf")) for d in xdg_dirs]
+    files += [(Path("/etc/pip.conf"), "/etc/pip.conf"),
+              (home / ".pip" / "pip.conf", "/root/.pip/pip.conf"),
+              (xdg_home / "pip" / "pip.conf", "/root/.config/pip/pip.conf")]
+    if os.environ.get("PIP_CONFIG_FILE") or any(k.startswith("PIP_") for k in os.environ):
+        log("note: PIP_* environment variables (" + ", ".join(sorted(k for k in os.environ if k.startswith("PIP_")))
+            + ") are not handed to the build; only pip's config files are")
+    pairs: list[tuple[str, str]] = []
+    for f, inside in files:
         if not f.is_file():
             continue
-        paths.append(f)
+        pairs.append((str(f), inside))
         parser = configparser.RawConfigParser()
         try:
             parser.read(f)
@@ -216,25 +227,25 @@ def pip_config_mounts() -> list[str]:
                     continue
                 for item in value.split():
                     local = item[len("file://"):] if item.startswith("file://") else item
-                    if local.startswith("/"):
-                        # a file:// index: mount its folder (its /simple pages point at ../files)
-                        p = Path(local)
-                        paths.append(p.parent if item.startswith("file://") and p.name == "simple" else p)
-    mounts: list[str] = []
-    for p in paths:
-        if p.exists() and str(p) not in mounts and not any(str(p).startswith(m + "/") for m in mounts):
-            mounts.append(str(p))
-    # a folder already covers the files in it (/etc/xdg/pip holds pip.conf and the constraints)
-    mounts = [m for m in mounts if not any(m.startswith(o + "/") for o in mounts if o != m)]
-    return mounts
+                    if local.startswith("/") and Path(local).exists():
+                        # a file:// index's folder (its /simple pages link to files beside it)
+                        q = Path(local)
+                        q = q.parent if item.startswith("file://") and q.name == "simple" else q
+                        pairs.append((str(q), str(q)))
+    seen: dict[str, str] = {}
+    for host, inside in pairs:
+        seen.setdefault(inside, host)
+    # a folder already mounted covers what lies under it
+    return [(host, inside) for inside, host in seen.items()
+            if not any(inside.startswith(other + "/") for other in seen if other != inside)]
 
 
-def build_image(args) -> tuple[float, list[str]]:
+def build_image(args) -> tuple[float, list[tuple[str, str]]]:
     cmd = ["buildah", "bud", "--isolation", "chroot", "--network", "host", "--layers",
            "--pull=never", "-f", str(ROOT / "Dockerfile"), "-t", args.tag]
     mounts = pip_config_mounts()
-    for m in mounts:
-        cmd += ["--volume", f"{m}:{m}:ro"]
+    for host, inside in mounts:
+        cmd += ["--volume", f"{host}:{inside}:ro"]
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"):
         if os.environ.get(name):  # predefined build args: seen by RUN, not kept in the image
             cmd += ["--build-arg", f"{name}={os.environ[name]}"]
@@ -246,11 +257,16 @@ def build_image(args) -> tuple[float, list[str]]:
     return round(time.monotonic() - start, 1), mounts
 
 
-def image_size(tag: str) -> int:
-    for entry in json.loads(buildah("images", "--json", tag) or "[]"):
-        if entry.get("size") is not None:
-            return int(entry["size"])
-    raise SystemExit(f"buildah images reports no size for {tag}")
+def image_layers(tag: str) -> list[dict]:
+    """The image's layers, bottom first: their sizes as stored (uncompressed tar, from the manifest)
+    and the step that made each (the history entries that are not empty layers)."""
+    info = json.loads(buildah("inspect", "--type", "image", tag))
+    sizes = [int(layer["size"]) for layer in json.loads(info["Manifest"])["layers"]]
+    steps = [h.get("created_by", "") for h in (info.get("OCIv1") or {}).get("history", []) if not h.get("empty_layer")]
+    if len(steps) != len(sizes):
+        steps = [""] * len(sizes)
+    return [{"size_bytes": n, "step": re.sub(r"^/bin/sh -c (#\(nop\) )?", "", step).strip()[:160]}
+            for n, step in zip(sizes, steps)]
 
 
 # ---- 3. serving it -----------------------------------------------------------------------------
@@ -350,7 +366,7 @@ def stop_run(proc: subprocess.Popen) -> dict:
 
 
 def serve_and_check(args, work: Path) -> dict:
-    config = json.loads(buildah("inspect", "--type", "image", "--format", "{{json .OCIv1.Config}}", args.tag))
+    config = json.loads(buildah("inspect", "--type", "image", args.tag))["OCIv1"]["config"]
     command = (config.get("Entrypoint") or []) + (config.get("Cmd") or [])
     user = config.get("User") or "root"
     data = work / "data"
@@ -371,7 +387,11 @@ def serve_and_check(args, work: Path) -> dict:
                "--volume", f"{data}:/data"]
         for k, v in env.items():
             cmd += ["--env", f"{k}={v}"]
-        cmd += [ctr, "--", *command]
+        # The command's stdout and stderr: a pipe its user owns. Under Docker, runc hands the
+        # container's stdio to its user; `buildah run` gives it root's pipes (mode 0600), which
+        # nginx, as uid 10001, cannot reopen for its access log (/dev/stdout: EACCES). The image's
+        # command itself runs unchanged, its output passed on by `cat`.
+        cmd += [ctr, "--", "/bin/sh", "-c", '"$@" 2>&1 | cat', "sh", *command]
         log("$ " + shlex.join(cmd) + f"  > {server_log} (detached)")
         out = open(server_log, "wb")
         start = time.monotonic()
@@ -474,7 +494,10 @@ def main(argv: list[str]) -> int:
         work = Path(tmp)
         base = ensure_base(args, work)
         build_s, mounts = build_image(args)
-        size = image_size(args.tag)
+        layers = image_layers(args.tag)
+        size = sum(layer["size_bytes"] for layer in layers)
+        if layers and layers[0]["step"] in ("", "/bin/sh"):  # a base committed with no history
+            layers[0]["step"] = f"FROM python:3.11-slim: {base['image']}"
         log(f"built {args.tag} in {build_s} s: {size} bytes ({human(size)})")
         served = None if args.no_serve else serve_and_check(args, work)
     ok = served is None or all(c["ok"] for c in served["checks"].values())
@@ -486,10 +509,11 @@ def main(argv: list[str]) -> int:
         "base": base,
         "image": args.tag,
         "size_bytes": size, "size": human(size),
-        "size_note": "uncompressed, as stored (what `docker images` shows); `buildah images --json`",
+        "size_note": "uncompressed, as stored (what `docker images` shows): the sum of the manifest's layers",
+        "layers": [{**layer, "size": human(layer["size_bytes"])} for layer in layers],
         "build_seconds": build_s,
         "build": "buildah bud --isolation chroot --network host --layers" + (" --no-cache" if args.no_cache else ""),
-        "pip_config_mounted": mounts,
+        "pip_config_mounted": [f"{h}:{i}:ro" for h, i in mounts],
         "served": served,
         "total_seconds": round(time.monotonic() - began, 1),
         "ok": ok,

@@ -218,6 +218,6 @@ def test_health_held_and_no_worker_restarted_throughout(edge):
 
 
 def test_the_table_is_the_tools_table():
-    """The suite and `python -m vlservice.tools.edge` run the same cases."""
+    """The suite and `python -m vlservice edge` run the same cases."""
     names = [c.name for c in CASES]
     assert len(names) == len(set(names)) and {c.name for c in body_cases()} <= set(names)

@@ -24,8 +24,8 @@ SCRIPT = ROOT / "deploy" / "image" / "build.py"
 
 def why_not() -> str | None:
     if os.environ.get("VL_TEST_IMAGE") != "1":
-        return ("VL_TEST_IMAGE is not 1: building and serving the image takes many minutes (20-40 on "
-                "2 cores the first time), more than the default CI run allows; set VL_TEST_IMAGE=1 to run it")
+        return ("VL_TEST_IMAGE is not 1: building and serving the image takes many minutes (about 10 on 2 cores the "
+                "first time, with a local wheel mirror), more than the default CI run allows; set VL_TEST_IMAGE=1 to run it")
     missing = [tool for tool in ("buildah", "debootstrap") if shutil.which(tool) is None]
     if missing:
         return f"{' and '.join(missing)} not installed (apt-get install -y buildah debootstrap)"

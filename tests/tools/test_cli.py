@@ -16,7 +16,7 @@ import pytest
 
 from conftest import ROOT, png_bytes, scene
 
-COMMANDS = ["make-test-model", "export", "chat", "serve", "bench", "train-demo", "eval-demo", "compare", "soak"]
+COMMANDS = ["make-test-model", "export", "chat", "serve", "bench", "train-demo", "eval-demo", "compare", "soak", "edge"]
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ that stalls the server shows as a slow /healthz. `slow_clients` and `idle_flood`
 server holds against dribbling and idle connections.
 
 Used by tests/api/test_edge.py against direct Gunicorn and the shipped front (nginx + Gunicorn,
-deploy/front/launch.py), and by `python -m vlservice.tools.edge` to write docs/bench/edge.json.
+deploy/front/launch.py), and by `python -m vlservice edge` to write docs/bench/edge.json.
 """
 
 from __future__ import annotations
@@ -382,7 +382,7 @@ def main(argv: list | None = None) -> int:
 
     from .harness import ROOT, cpu_info, run_record
 
-    ap = argparse.ArgumentParser(prog="python -m vlservice.tools.edge", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m vlservice edge", description=main.__doc__)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "edge.json")
     ap.add_argument("--hold", type=float, default=40.0, help="seconds the slow and idle clients are held")
     args = ap.parse_args(argv)
@@ -397,9 +397,13 @@ def main(argv: list | None = None) -> int:
                 slow_head = slow_clients(server.port, 20, False, args.hold)
                 slow_body = slow_clients(server.port, 20, True, args.hold)
                 flood = idle_flood(server.port, 1100, args.hold)
-            report["paths"][path] = {"table": table, "slow_headers": slow_head, "slow_bodies": slow_body,
-                                     "idle_flood": flood, "health_worst_s": round(watch.worst, 3),
-                                     "health_polls": len(watch.times), "worker_restarts": server.restarts()}
+            answered = [t for t in watch.times if t != float("inf")]
+            report["paths"][path] = {
+                "table": table, "slow_headers": slow_head, "slow_bodies": slow_body, "idle_flood": flood,
+                "health_polls": len(watch.times), "health_unanswered": len(watch.times) - len(answered),
+                "health_over_1s": sum(t >= 1.0 for t in watch.times),
+                "health_worst_answered_s": round(max(answered, default=0.0), 3),
+                "worker_restarts": server.restarts()}
             print(json.dumps(report["paths"][path], indent=1))
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     return 0
