@@ -16,7 +16,7 @@ from vlservice.config import Settings
 
 def create_app(settings: Settings | None = None, service=None, start_service: bool = True) -> Flask:
     from vlservice.engine.service import load_service
-    from vlservice.http import auth, errors, openai, ops, session
+    from vlservice.http import anthropic, auth, completions, errors, openai, ops, responses, session, tokenize
     from vlservice.http.appstate import AppState
 
     settings = settings or Settings.from_env()
@@ -30,6 +30,9 @@ def create_app(settings: Settings | None = None, service=None, start_service: bo
     app.extensions["vlservice"] = ctx
     app.register_blueprint(openai.bp)
     app.register_blueprint(ops.bp)
+    for extra in (anthropic, completions, tokenize):  # the other APIs clients speak, over the chat path
+        app.register_blueprint(extra.bp)
+    responses.init_app(app, settings)
     auth.init_app(app, settings)
     session.init_app(app, settings)
     errors.init_app(app, settings)

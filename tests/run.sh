@@ -17,17 +17,24 @@ fi
 # redis-server and nginx for the replicas' tests (tests/deploy/test_replicas.py); nginx and tini for
 # the image's front, started as the image starts it (tests/deploy/test_front.py).
 # (`grep` without -q reads all of fc-list: an early exit could SIGPIPE it and, with pipefail,
-# reinstall every run.)
-if ! command -v chromium >/dev/null 2>&1 || ! ldconfig -p | grep -q libjemalloc.so.2 \
+# reinstall every run.) python3-venv: Debian and Ubuntu ship `python3 -m venv`'s ensurepip apart from
+# Python itself, so a fresh machine needs it to make .venv.
+VENV_PKG=""
+if [ ! -x .venv/bin/python ] && ! python3 -c "import ensurepip" >/dev/null 2>&1; then VENV_PKG=python3-venv; fi
+if [ -n "$VENV_PKG" ] || ! command -v chromium >/dev/null 2>&1 || ! ldconfig -p | grep -q libjemalloc.so.2 \
     || ! ldconfig -p | grep -q libtcmalloc_minimal.so.4 || ! fc-list 2>/dev/null | grep -i wqy >/dev/null \
     || ! command -v redis-server >/dev/null 2>&1 || ! command -v nginx >/dev/null 2>&1 \
     || ! command -v tini >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq chromium fonts-wqy-zenhei libjemalloc2 libtcmalloc-minimal4 \
-    redis-server nginx tini >/dev/null
+    redis-server nginx tini $VENV_PKG >/dev/null
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
+# CPU torch first, as the README's start command installs it (PyPI's torch for Linux is a CUDA
+# build); the +cpu build of the pinned version then satisfies requirements.txt's pin.
+.venv/bin/pip install -q --disable-pip-version-check "$(grep -m1 '^torch==' requirements.txt)" \
+  --extra-index-url https://download.pytorch.org/whl/cpu
 .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt -r tests/requirements.txt
 echo "---- lint: ruff ----"
 .venv/bin/ruff check .

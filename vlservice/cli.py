@@ -1,4 +1,4 @@
-"""`python -m vlservice <command>`: the command-line interface.
+"""`python -m vlservice <command>` (`vlservice <command>` once installed): the command-line interface.
 
 Commands:
 
@@ -316,6 +316,19 @@ def parse_bind(bind: str) -> str:
     return bind if host else f"0.0.0.0:{port}"
 
 
+NO_SERVER_FILES = ("`serve` runs the server files of a checkout (app.py, wsgi.py, gunicorn.conf.py, templates/, "
+                   "static/), which the wheel does not carry: run it in the repository's folder")
+
+
+def server_root() -> Path | None:
+    """The folder with the server's files: the checkout this package runs from, else the current
+    directory (`pip install .`, then `vlservice serve` in the checkout); None when neither has them."""
+    for root in (REPO_ROOT, Path.cwd()):
+        if (root / "gunicorn.conf.py").is_file():
+            return root
+    return None
+
+
 def serve_command(args, root: Path | None = None) -> tuple[list, dict]:
     """The argv and environment `serve` execs."""
     root = root or REPO_ROOT
@@ -334,10 +347,10 @@ def serve_command(args, root: Path | None = None) -> tuple[list, dict]:
 
 
 def cmd_serve(args) -> int:
-    argv, env = serve_command(args)
-    conf = Path(argv[4])
-    if not conf.is_file():
-        raise CLIError(f"{conf} not found: this build has no server configuration", EXIT_FAIL)
+    root = server_root()
+    argv, env = serve_command(args, root)  # a bad --bind or --workers is reported first
+    if root is None:
+        raise CLIError(NO_SERVER_FILES, EXIT_FAIL)
     if importlib.util.find_spec("gunicorn") is None:
         raise CLIError("gunicorn is not installed (pip install gunicorn)", EXIT_FAIL)
     os.environ.clear()
@@ -382,7 +395,8 @@ def _terminal_width() -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m vlservice",
+        # `vlservice` when run as the installed command (pyproject.toml's [project.scripts])
+        prog="vlservice" if Path(sys.argv[0]).name == "vlservice" else "python -m vlservice",
         description="vlservice: a CPU-first server for Qwen3-VL. Settings come from VL_* environment variables.",
         formatter_class=_HelpFormatter,
     )
@@ -424,7 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("serve", help="run the HTTP server (Gunicorn with gunicorn.conf.py)",
-                       description="Exec Gunicorn with the repository's gunicorn.conf.py and wsgi:app.")
+                       description="Exec Gunicorn with the repository's gunicorn.conf.py and wsgi:app (the "
+                                   "checkout this package runs from, else the current directory).")
     p.add_argument("--bind", default=None, metavar="HOST:PORT", help="address to listen on (sets VL_BIND)")
     p.add_argument("--workers", type=int, default=None, metavar="N", help="worker processes (sets VL_WORKERS)")
     p.set_defaults(func=cmd_serve)

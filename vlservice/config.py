@@ -93,6 +93,10 @@ class Settings:
     feature_cache_mb: int = 512  # memory tier
     kv_cache_mb: int = 1024  # conversations' KV caches kept for follow-ups; 0 turns reuse off
     result_cache_entries: int = 256  # identical greedy requests answered at once; 0 turns it off
+    # /v1/responses kept for previous_response_id and GET, per tenant, in each worker's memory (0 entries: none)
+    responses_store_entries: int = 256
+    responses_store_mb: int = 64
+    responses_store_ttl_s: int = 3600  # from creation; 0: no age bound
     disk_cache_mb: int = 2048  # disk tier; 0 turns it off
     # Several replicas (README "Several replicas"): the caches' shared tier, and who answered.
     redis_url: str = ""  # redis://host:6379/0; empty: no shared tier (each replica caches alone)

@@ -19,7 +19,10 @@ video URL a real clip, images past the server's `max_images` and videos past its
 limit, and `min_tokens` stays within `max_tokens`. Generation stays short: a body without max_tokens gets
 `FUZZ_MAX_TOKENS`, and max_tokens / max_completion_tokens within bounds become at most that
 (out-of-range values are kept: they are the invalid cases). Schemathesis re-checks an edited body
-against the schema, so a case is judged as what is actually sent.
+against the schema, so a case is judged as what is actually sent. Anthropic's `/v1/messages` (and
+`count_tokens`), `/v1/completions`, `/tokenize`'s messages and `/v1/responses` are fitted the same
+way (`fit_messages`, `fit_completion`, the chat's `fit`, `fit_responses`): real images, short answers, a user message
+last, the tools' rules; only values of a valid shape are changed, so a schema-invalid case stays one.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import requests
@@ -110,8 +114,130 @@ def fit_tools(body: dict) -> None:
         f["parameters"] = None
 
 
+RESPONSES = "/v1/responses"
+
+
+def fit_responses(body: dict) -> None:
+    """A Responses request's rules the schema cannot say, as `fit` and `fit_tools` make the chat
+    request's: short answers, real images (at most `max_images`) and clips (through `fit`), media
+    in user messages only, the tools' rules, no `text.format` beside a forced call."""
+    limit = body.get("max_output_tokens")
+    if limit is None or (_is_int(limit) and FUZZ_MAX_TOKENS < limit <= LIMITS["cap"]):
+        body["max_output_tokens"] = FUZZ_MAX_TOKENS
+    limit = body["max_output_tokens"] if body.get("max_output_tokens") is not None else LIMITS["default"]
+    if _is_int(body.get("min_tokens")) and _is_int(limit) and limit < body["min_tokens"] <= LIMITS["cap"]:
+        body["min_tokens"] = limit
+    user_parts = []
+    for item in body.get("input") if isinstance(body.get("input"), list) else []:
+        parts = item.get("content") if isinstance(item, dict) else None
+        if not isinstance(parts, list):
+            continue
+        media = any(isinstance(p, dict) and p.get("type") in ("input_image", "video_url", "input_video") for p in parts)
+        if media and item.get("role") in ("system", "developer", "assistant"):
+            item["role"] = "user"  # media go in user messages (valid or not, the item stays so)
+        if item.get("role") == "user":
+            user_parts.append(parts)
+    # videos as the chat route's fitting makes them (real clips, the server's limits), in these parts
+    fit(SimpleNamespace(body={"messages": [{"role": "user", "content": p} for p in user_parts], "max_tokens": 1},
+                        operation=SimpleNamespace(path=CHAT)))
+    images = 0
+    for parts in user_parts:
+        for i, part in enumerate(parts):
+            if part == {"type": "text", "text": ""}:  # a video over the limit, as `fit` writes it
+                parts[i] = {"type": "input_text", "text": ""}
+            elif isinstance(part, dict) and part.get("type") == "input_image" and isinstance(part.get("image_url"), str):
+                images += 1
+                if images <= LIMITS["max_images"]:
+                    part["image_url"] = IMAGE
+                elif part.get("detail") in (None, "low", "auto", "high"):
+                    parts[i] = {"type": "input_text", "text": ""}
+    tools = body.get("tools")
+    ok = [t for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str)] if isinstance(tools, list) else []
+    for i, t in enumerate(ok):
+        if any(u["name"] == t["name"] for u in ok[:i]):
+            t["name"] = f"{t['name'][:56]}_{i}"
+    choice = body.get("tool_choice")
+    named = isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str)
+    if not (choice == "required" or named):
+        return
+    if not ok:
+        body["tool_choice"] = "auto"
+        return
+    if named:
+        choice["name"] = ok[0]["name"]
+    body.pop("text", None)
+    for t in ok:
+        t["parameters"] = None
+
+
+MESSAGES, COUNT_TOKENS, COMPLETIONS = "/v1/messages", "/v1/messages/count_tokens", "/v1/completions"
+TOKENIZE = ("/tokenize", "/v1/tokenize")
+
+
+def fit_messages(body: dict) -> None:
+    """An Anthropic request's rules the schema cannot say: a short answer, a user message last (no
+    prefill), real images (at most `max_images`), unique tool names, a forced choice only with tools
+    and naming one of them, the forced tools' schemas left open (a random one may not compile)."""
+    if _is_int(body.get("max_tokens")) and FUZZ_MAX_TOKENS < body["max_tokens"] <= LIMITS["cap"]:
+        body["max_tokens"] = FUZZ_MAX_TOKENS
+    messages = body.get("messages")
+    if isinstance(messages, list) and messages and isinstance(messages[-1], dict) \
+            and messages[-1].get("role") == "assistant":
+        messages.append({"role": "user", "content": "Hi"})
+    images = 0
+    for m in messages if isinstance(messages, list) else []:
+        blocks = m.get("content") if isinstance(m, dict) else None
+        for i, b in enumerate(blocks if isinstance(blocks, list) else []):
+            source = b.get("source") if isinstance(b, dict) and b.get("type") == "image" else None
+            if isinstance(source, dict) and (isinstance(source.get("url"), str) if source.get("type") == "url" else
+                                             source.get("type") == "base64" and isinstance(source.get("data"), str)
+                                             and source.get("media_type") in ("image/jpeg", "image/png", "image/gif",
+                                                                              "image/webp")):
+                images += 1  # a valid shape (an invalid one stays as it is): its image a real one
+                blocks[i] = {"type": "text", "text": ""} if images > LIMITS["max_images"] else {
+                    "type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                "data": IMAGE.split(",", 1)[1]}}
+    tools = body.get("tools")
+    ok = [t for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str)] if isinstance(tools, list) else []
+    for i, t in enumerate(ok):
+        if any(u["name"] == t["name"] for u in ok[:i]):
+            t["name"] = f"{t['name'][:56]}_{i}"
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") in ("any", "tool") and isinstance(choice.get("name"), (str, type(None))) \
+            and isinstance(choice.get("disable_parallel_tool_use"), (bool, type(None))):  # a valid shape, made to fit
+        if not ok:
+            body["tool_choice"] = {"type": "auto"}
+            return
+        if choice["type"] == "tool":
+            choice["name"] = ok[0]["name"]
+        for t in ok:
+            if isinstance(t.get("input_schema"), dict):
+                t["input_schema"] = {"type": "object"}
+        body.pop("output_config", None)  # one grammar per answer: the calls
+
+
+def fit_completion(body: dict) -> None:
+    """A short answer, and `min_tokens` within it."""
+    if body.get("max_tokens") is None or (_is_int(body["max_tokens"]) and FUZZ_MAX_TOKENS < body["max_tokens"]
+                                          <= LIMITS["cap"]):
+        body["max_tokens"] = FUZZ_MAX_TOKENS
+    if _is_int(body.get("min_tokens")) and _is_int(body["max_tokens"]) and \
+            body["max_tokens"] < body["min_tokens"] <= LIMITS["cap"]:
+        body["min_tokens"] = body["max_tokens"]
+
+
 def fit(case) -> None:
     body = case.body
+    path = case.operation.path
+    if path in (MESSAGES, COUNT_TOKENS) and isinstance(body, dict):
+        return fit_messages(body)
+    if path == COMPLETIONS and isinstance(body, dict):
+        return fit_completion(body)
+    if path in TOKENIZE and isinstance(body, dict) and "messages" in body:  # a chat's messages and tools
+        return fit(SimpleNamespace(body=body, operation=SimpleNamespace(path=CHAT)))
+    if case.operation.path == RESPONSES and isinstance(body, dict):
+        fit_responses(body)
+        return
     if case.operation.path != CHAT or not isinstance(body, dict):
         return
     if body.get("max_completion_tokens", body.get("max_tokens")) is None:

@@ -150,7 +150,7 @@ BAD_REQUESTS = [
      "invalid_type", "max_tokens"),
     ("temperature out of range", {"messages": [{"role": "user", "content": "hi"}], "temperature": 5}, 400,
      "invalid_value", "temperature"),
-    ("n = 2", {"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "invalid_value", "n"),
+    ("n over the batch", {"messages": [{"role": "user", "content": "hi"}], "n": 99}, 400, "invalid_value", "n"),
     ("too many images", {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": GOOD_IMAGE}}] * 5}]}, 400, "too_many_images",
      "messages[0].content[4]"),

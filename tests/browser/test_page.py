@@ -121,6 +121,9 @@ def test_chinese_ui_presets_and_phone_width(server, browser):
     buttons = page.eval_on_selector_all("#presets button", "els => els.map(e => e.dataset.preset)")
     assert buttons == [*(n for n, p in presets.items() if p["media"] == "image"), "free"]  # video ones need a clip
     assert "描述" in page.inner_text("#presets")
+    api = page.inner_text("#api-panel")  # the API card, in Chinese, names every route the server answers
+    assert "官方客户端" in api and all(route in api for route in ("/v1/chat/completions", "/v1/responses",
+                                                                  "/v1/completions", "/v1/messages", "/tokenize"))
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= 380  # no sideways scrolling on a phone
     ARTIFACTS.mkdir(exist_ok=True)

@@ -103,12 +103,13 @@ def test_bench_concurrency_quick_runs_clients_through_the_real_server(tmp_path, 
             assert row["aggregate_tps"] > 0 and row["ttft_p50_s"] <= row["ttft_p95_s"]
     scenario = report["scenarios"]["float32"]
     assert scenario["lone_ttft_s"] > 0 and scenario["stream_max_gap_during_doc_s"] is not None
+    assert scenario["choices_n"] == 3 and scenario["choices_answer_s"] > 0 and scenario["choices_ratio"] > 0
     single = report["single"]
     assert set(single) == {"float32 plain", "float32 prepacked"}
     for row in single.values():
         assert row["runs"] == 3 and row["decode_tps"] > 0 and row["prompt_ms"] > 0
     md = (out / "concurrency.md").read_text()
-    assert report["cpu"]["model"] in md and count_cell(md, "float32") == 5
+    assert report["cpu"]["model"] in md and count_cell(md, "float32") == 6
     assert count_cell(md, "float32 plain") and count_cell(md, "float32 prepacked")
     assert (out / "concurrency.png").stat().st_size > 1000
 

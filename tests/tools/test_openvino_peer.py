@@ -187,7 +187,8 @@ def test_both_peers_in_one_run_are_parsed_in_order(monkeypatch, tmp_path):
 
 def test_the_peer_table_puts_every_server_beside_ours():
     """One row per server: its weights, one stream's first token, rate and answers, the widest
-    level's aggregate and longest gap, the peak RSS, each from the report."""
+    level's aggregate and longest gap, the peak RSS and the whole server's peak PSS (ours: the
+    one-stream server's), each from the report."""
     one = {"prompt_ms": 900.0, "vision_encode_ms": 300.0,
            "ttft_s": 2.5, "decode_tps": 21.2, "answer_64_s": 5.2, "answer_128_s": 8.0, "answer_256_s": 14.1}
     level = {"stream_tps_median": 7.0, "ttft_p50_s": 3.0, "ttft_p95_s": 4.0}
@@ -202,6 +203,7 @@ def test_the_peer_table_puts_every_server_beside_ours():
                                             "levels": {"4": {"aggregate_tps": 18.0, "max_gap_s": 13.4, **level}}}},
         "single": {"int4": one, "llama.cpp q4_k_m -np 4": peer_one},
         "peak_rss_mb": {"int4 VL_MAX_BATCH=4": 3100.0, "llama.cpp q4_k_m -np 4": 2400.0},
+        "peak_pss_mb": {"int4 VL_MAX_BATCH=1": 2900.0, "int4 VL_MAX_BATCH=4": 3300.0, "llama.cpp q4_k_m -np 4": 2500.0},
         "peers": {"llama.cpp q4_k_m -np 4": {"kind": "llama.cpp", "peer_of": "int4",
                                              "weights": concurrency._peer_module("llama.cpp").WEIGHTS["int4"]}}}
     table = concurrency.peer_table(report)
@@ -211,11 +213,11 @@ def test_the_peer_table_puts_every_server_beside_ours():
 
     assert cells(table[0]) == ["server", "weights", "first token s", "decode tok/s", "64-token answer s",
                                "128-token answer s", "256-token answer s", "4 streams: aggregate tok/s",
-                               "4 streams: longest gap s", "peak RSS MB"]
+                               "4 streams: longest gap s", "peak RSS MB", "peak PSS MB, whole server"]
     assert cells(table[2]) == ["vlservice int4", concurrency.OURS_WEIGHTS["int4"],
-                               "2.5", "21.2", "5.2", "8.0", "14.1", "27.9", "0.5", "3100.0"]
+                               "2.5", "21.2", "5.2", "8.0", "14.1", "27.9", "0.5", "3100.0", "2900.0"]
     assert cells(table[3])[0] == "llama.cpp q4_k_m -np 4" and cells(table[3])[1].startswith("Q4_K_M LLM")
-    assert cells(table[3])[2:] == ["6.5", "21.5", "9.1", "12.0", "18.2", "18.0", "13.4", "2400.0"]
+    assert cells(table[3])[2:] == ["6.5", "21.5", "9.1", "12.0", "18.2", "18.0", "13.4", "2400.0", "2500.0"]
     assert "\n".join(table) in concurrency.markdown(report)
 
 

@@ -372,6 +372,10 @@ class Constraint:
         self.mask_s = 0.0  # time spent computing and applying masks (seconds)
         self.steps = 0
 
+    def copy(self) -> Constraint:
+        """A matcher of its own in this one's state (a request's other choices)."""
+        return Constraint(self.m.deep_copy(), self.vocab, self.eos_ids.tolist(), self.param)
+
     @property
     def accepting(self) -> bool:
         return bool(self.m.is_accepting())

@@ -79,18 +79,26 @@ class Generation:
 
     def result(self) -> dict:
         """Run to the end: {'text', 'finish_reason', 'usage', 'timings'} (and 'logprobs', the
-        entries of every token, when the request asked for them) or raise the APIError."""
-        parts: list[str] = []
-        entries: list[dict] = []
+        entries of every token, when the request asked for them) of the first choice, and
+        'choices': each choice's {'index', 'text', 'finish_reason'} (and 'logprobs'); or raise the
+        APIError. `usage` counts the prompt once and every choice's tokens."""
+        count = max(1, self.request.choices)
+        parts: list[list[str]] = [[] for _ in range(count)]
+        entries: list[list[dict]] = [[] for _ in range(count)]
         for ev in self.events():
             if ev.kind == "delta":
-                parts.append(ev.text)
-                entries.extend(ev.data.get("logprobs", ()))
+                parts[ev.choice].append(ev.text)
+                entries[ev.choice].extend(ev.data.get("logprobs", ()))
             elif ev.kind == "error":
                 raise ev.error
             elif ev.kind == "done":
-                out = {"text": "".join(parts), **ev.data}
+                finishes = ev.data.get("choices") or [{"index": 0, "finish_reason": ev.data["finish_reason"]}]
+                choices = [{"index": c["index"], "text": "".join(parts[c["index"]]), "finish_reason": c["finish_reason"]}
+                           for c in finishes]
                 if self.request.sampling.logprobs is not None:
-                    out["logprobs"] = entries
+                    for c in choices:
+                        c["logprobs"] = entries[c["index"]]
+                out = {**choices[0], **ev.data, "choices": choices}
+                del out["index"]
                 return out
         raise EngineError("generation ended without a result")

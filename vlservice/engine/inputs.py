@@ -4,7 +4,7 @@ positions, and the image tokens' mask and deepstack features.
 We drive `Qwen3VLForConditionalGeneration`'s own modules (embedding, `get_rope_index` for M-RoPE)
 instead of `model.generate`, because a server needs what `generate` hides: features that come from
 our cache or ONNX Runtime instead of `model.visual`, and the KV cache in our hands. The forward
-passes are `lm.LeanLM`'s (or `ortdecode.SplitLM`'s); the scheduler (`scheduler.py`) runs the token
+passes are `lm.LeanLM`'s (or `ortdecode.OrtLM`'s); the scheduler (`scheduler.py`) runs the token
 loop over them.
 """
 

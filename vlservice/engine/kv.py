@@ -37,7 +37,12 @@ class SeqKV:
 
     def __deepcopy__(self, memo) -> "SeqKV":
         """A copy of the filled part only (a conversation branching off another keeps both)."""
-        other = SeqKV(self.layers, self.kv_heads, self.head_dim, self.dtype, capacity=self.length)
+        return self.copy()
+
+    def copy(self, capacity: int = 0) -> "SeqKV":
+        """A copy of the filled part, with room for `capacity` positions (a request's other choices
+        start from copies of its prompt's cache)."""
+        other = SeqKV(self.layers, self.kv_heads, self.head_dim, self.dtype, capacity=max(self.length, capacity))
         for i in range(self.layers):
             other.keys[i][:, :self.length].copy_(self.keys[i][:, :self.length])
             other.values[i][:, :self.length].copy_(self.values[i][:, :self.length])

@@ -19,6 +19,7 @@ logits are the same bits (tests/engine compare them).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -33,6 +34,27 @@ class SeqPos:
 
     next_pos: int = 0
     delta: int = 0  # M-RoPE position = text position + delta after the last image
+
+
+class LMRunner(Protocol):
+    """What the scheduler and the service call on a language model: PyTorch's `LeanLM` (float32 or
+    INT8) or ONNX Runtime's `ortdecode.OrtLM` (int4). Chosen once, when the service starts."""
+
+    embed: torch.nn.Module
+
+    def start(self) -> None:
+        """After the fork, before the first pass: thread pools of its own, if any."""
+
+    def new_kv(self, capacity: int = 0) -> SeqKV: ...
+
+    def release(self, kv: SeqKV) -> None: ...
+
+    def decode(self, tokens: list[int], kvs: list[SeqKV], pos: list[SeqPos]) -> torch.Tensor: ...
+
+    def prefill(self, kv: SeqKV, embeds: torch.Tensor, positions: torch.Tensor, visual_mask=None,
+                deepstack=None, logits: bool = True): ...
+
+    def step(self, tokens: list[int], kvs: list[SeqKV], pos: list[SeqPos], chunk: "Chunk | None" = None): ...
 
 
 class LeanLM:
@@ -53,11 +75,14 @@ class LeanLM:
         self.fused = [(_fused(layer.self_attn, "q_proj", "k_proj", "v_proj"), _fused(layer.mlp, "gate_proj", "up_proj"))
                       for layer in self.layers]
 
+    def start(self) -> None:
+        """Nothing to start: PyTorch's thread pool is the process's (the service sets its size)."""
+
     def new_kv(self, capacity: int = 0) -> SeqKV:
         return SeqKV(len(self.layers), self.kv_heads, self.head_dim, self.dtype, capacity)
 
     def release(self, kv: SeqKV) -> None:
-        """A sequence left the batch (nothing to do here; see `ortdecode.SplitLM`)."""
+        """A sequence left the batch (nothing to do here; see `ortdecode.OrtLM`)."""
 
     # ----------------------------------------------------------------- passes
     def decode(self, tokens: list[int], kvs: list[SeqKV], pos: list[SeqPos]) -> torch.Tensor:

@@ -1,20 +1,30 @@
-"""Decode steps in ONNX Runtime over 4-bit weights (`VL_LLM_QUANT=int4`).
+"""The language model in ONNX Runtime over 4-bit weights (`VL_LLM_QUANT=int4`): prompts and answers.
 
 A decode step on a CPU streams every weight once per token, so its time is the weights' bytes
 over the memory bandwidth plus what runs around the products. 4-bit weights halve the first term
 against INT8; a runtime that owns the whole decoder graph removes most of the second (eager
 PyTorch dispatches ~2,500 small operators per step from Python).
 
-So, with `int4`, a token is one ONNX Runtime call on a graph that ONNX Runtime GenAI's model
-builder writes from the checkpoint (its `Qwen3VLTextModel`: `MatMulNBits` 4-bit products, a scale
-per block of 128 weights, with int8 activations (`accuracy_level` 4, VNNI where the CPU has it), `GroupQueryAttention`, the
-interleaved M-RoPE). The prompt still runs through the PyTorch INT8 LLM (`LeanLM`), since only it
-adds the images' deepstack features; the decoder then reads the KV cache that prefill wrote.
-No vision input is needed past the prompt: a decode position is the text position plus the
-sequence's M-RoPE offset, the same on all three axes.
+So, with `int4`, the language model is one graph that ONNX Runtime GenAI's model builder writes from
+the checkpoint (its `Qwen3VLTextModel`: `MatMulNBits` 4-bit products, a scale per block of 128
+weights, with int8 activations (`accuracy_level` 4, VNNI where the CPU has it),
+`GroupQueryAttention`, the interleaved M-RoPE), and nothing else holds its weights: no PyTorch LLM is
+loaded, only the checkpoint's token embedding, mapped in its own dtype (`quant.load_embedding_model`).
+We adapt the builder's graph once (`adapt_graph`) so that it serves prompts too:
+
+- the images' deepstack features enter as inputs `deepstack_embeds.{i}` (batch, tokens, hidden),
+  added to the hidden states after layer i, as `Qwen3VLTextModel` adds them at the image positions
+  (zeros elsewhere, and for answer tokens);
+- the LM head runs on each row's last position only (a prompt chunk of 512 tokens would otherwise
+  multiply 512 rows by the 151,936-word head to keep one).
+
+A prompt chunk runs as its own call of the graph (batch 1, the chunk's length, over the sequence's
+cache), and the running answers' tokens as one batched call: `GroupQueryAttention` takes one new
+length for all rows, so a chunk cannot share the running tokens' call without padding every row to
+the chunk's length.
 
 The KV cache is shared, never copied per step: the graph's past and present tensors are bound to
-the same buffer (GroupQueryAttention's shared-buffer mode writes the new position in place). At
+the same buffer (GroupQueryAttention's shared-buffer mode writes the new positions in place). At
 batch 1 that buffer is the sequence's own `SeqKV`; for a batch, the sequences' caches move into
 one (batch, heads, capacity, dim) arena per layer when the batch's membership changes, and their
 `SeqKV`s keep writing there through views until they leave (`release` copies a leaving cache out).
@@ -39,11 +49,12 @@ import torch
 from filelock import FileLock
 
 from .kv import SeqKV
-from .lm import Chunk, LeanLM, SeqPos
+from .lm import Chunk, SeqPos
 
 log = logging.getLogger(__name__)
 
-EXPORT_VERSION = 3  # 2: blocks of 128 where the widths allow; 3: and rows are >= 1024 wide
+EXPORT_VERSION = 4  # 2: blocks of 128 where the widths allow; 3: and rows are >= 1024 wide;
+# 4: deepstack inputs and the last position's logits only (`adapt_graph`)
 PRECISIONS = ("int4", "fp32")  # int4: served; fp32: the same graph unquantised (the tests' exact check)
 
 
@@ -83,6 +94,7 @@ def build_decoder(model_dir: Path, folder: Path, precision: str) -> float:
             tail = (done.stderr or done.stdout)[-2000:]
             raise RuntimeError(f"the ONNX decoder build failed (exit {done.returncode}):\n{tail}")
         shutil.rmtree(tmp / "cache", ignore_errors=True)
+        adapt_graph(tmp / "out" / "model.onnx", deepstack_layers(model_dir))
         (tmp / "out" / "build.json").write_text(json.dumps({"precision": precision, "command": cmd[1:],
                                                            "seconds": time.perf_counter() - t0}))
         if folder.exists():
@@ -105,32 +117,130 @@ def block_size(model_dir: Path) -> int:
     return 128 if all(w >= 1024 and w % 128 == 0 for w in widths) else 32
 
 
-class OrtDecoder:
-    """One decode step for B sequences as one ONNX Runtime call over their KV caches."""
+def deepstack_layers(model_dir: Path) -> int:
+    """How many layers get the images' deepstack features added after them."""
+    cfg = json.loads((model_dir / "config.json").read_text())
+    levels = len(cfg.get("vision_config", {}).get("deepstack_visual_indexes", []))
+    return min(levels, cfg.get("text_config", {}).get("num_hidden_layers", levels))
 
-    def __init__(self, path: Path, embed: torch.nn.Module, threads: int, profile: bool = False):
-        """`profile`: ONNX Runtime times every node (`bench --decode` reads the products' share)."""
+
+def adapt_graph(path: Path, deepstack: int) -> None:
+    """Rewrite the builder's graph in place (its weights, in the external data file, untouched) so it
+    serves prompts: inputs `deepstack_embeds.{i}` added to layer i's output (its MLP's output, before
+    the next layer's fused residual and norm), and the LM head on each row's last position only."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(path), load_external_data=False)
+    graph = model.graph
+    embeds = next(i for i in graph.input if i.name == "inputs_embeds")
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    added = []
+    for i in range(deepstack):
+        down = f"/model/layers.{i}/mlp/down_proj/"
+        out = next((n.output[0] for n in graph.node if n.name.startswith(down)), None)
+        if out is None:
+            raise RuntimeError(f"{path}: no {down} product in the builder's graph")
+        name, summed = f"deepstack_embeds.{i}", f"/model/layers.{i}/deepstack/Add/output_0"
+        inp = onnx.ValueInfoProto()
+        inp.CopyFrom(embeds)
+        inp.name = name
+        graph.input.append(inp)
+        for node in consumers.get(out, []):
+            node.input[:] = [summed if x == out else x for x in node.input]
+        added.append(helper.make_node("Add", [out, name], [summed], name=f"/model/layers.{i}/deepstack/Add"))
+    head = next(n for n in graph.node if n.name.startswith("/lm_head/"))
+    normed, last = head.input[0], "/lm_head/last_position/output_0"
+    head.input[0] = last
+    starts, ends, axes = "/lm_head/last_position/starts", "/lm_head/last_position/ends", "/lm_head/last_position/axes"
+    for name, value in ((starts, -1), (ends, 2**62), (axes, 1)):
+        graph.initializer.append(helper.make_tensor(name, TensorProto.INT64, [1], [value]))
+    added.append(helper.make_node("Slice", [normed, starts, ends, axes], [last], name="/lm_head/last_position"))
+    nodes = list(graph.node) + added
+    del graph.node[:]
+    graph.node.extend(_topological(nodes))
+    logits = next(o for o in graph.output if o.name == "logits")
+    logits.type.tensor_type.shape.dim[1].dim_param = ""
+    logits.type.tensor_type.shape.dim[1].dim_value = 1
+    onnx.save(model, str(path))
+
+
+def _topological(nodes: list) -> list:
+    """`nodes` ordered so that each comes after the producers of its inputs (ONNX requires it)."""
+    made = {name for n in nodes for name in n.output}
+    ready: set[str] = set()
+    out, waiting = [], list(nodes)
+    while waiting:
+        rest = []
+        for node in waiting:
+            if all(not x or x not in made or x in ready for x in node.input):
+                out.append(node)
+                ready.update(node.output)
+            else:
+                rest.append(node)
+        if len(rest) == len(waiting):
+            raise RuntimeError("the adapted graph has a cycle")
+        waiting = rest
+    return out
+
+
+class OrtLM:
+    """The language model as one ONNX Runtime graph: prompt chunks and decode steps (`LeanLM`'s
+    interface: `new_kv`, `prefill`, `decode`, `step`, `release`, `embed`)."""
+
+    def __init__(self, path: Path, embed: torch.nn.Module, text_config, threads: int, profile: bool = False):
+        """`embed`: the token embedding (the graph takes embedded tokens); `profile`: ONNX Runtime
+        times every node (`bench --decode` reads the products' share)."""
+        import onnx
         import onnxruntime as ort
 
-        self.ort = ort
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.enable_profiling = profile
-        # Idle pool threads sleep instead of spinning: the prompt's PyTorch passes and the encoder run
-        # between decode calls and need the cores (spinning measured 128 vs 71 ms a step with one
-        # other busy process on 2 cores).
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self.ort, self.path, self.threads, self.profile = ort, path, threads, profile
+        self._session = None  # opened by start() or the first pass: after the fork
         self.embed = embed
-        self.layers = sum(1 for i in self.session.get_inputs() if i.name.endswith(".key"))
-        self.vocab = self.session.get_outputs()[0].shape[-1]
+        graph = onnx.load(str(path), load_external_data=False).graph
+        names = [i.name for i in graph.input]
+        self.layers = sum(1 for n in names if n.endswith(".key"))
+        self.deepstack = sum(1 for n in names if n.startswith("deepstack_embeds."))
+        self.vocab = next(o for o in graph.output if o.name == "logits").type.tensor_type.shape.dim[-1].dim_value
+        del graph
+        self.text_config = text_config
+        self.hidden = int(text_config.hidden_size)
+        self.kv_heads = int(text_config.num_key_value_heads)
+        self.head_dim = int(getattr(text_config, "head_dim", None) or self.hidden // text_config.num_attention_heads)
+        self._zeros = torch.zeros(0)  # deepstack input of rows that have no image (grown as needed)
         self._arena: tuple | None = None  # (the batch's SeqKVs, per-layer key buffers, value buffers)
 
+    @property
+    def session(self):
+        """The ONNX Runtime session, opened on first use (in the worker: its thread pool does not
+        survive a fork)."""
+        if self._session is None:
+            ort = self.ort
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = self.threads
+            opts.inter_op_num_threads = 1
+            opts.enable_profiling = self.profile
+            # Idle pool threads sleep instead of spinning: the encoder and the HTTP threads run between
+            # calls and need the cores (spinning measured 128 vs 71 ms a step with one other busy
+            # process on 2 cores).
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            self._session = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
+        return self._session
+
+    def start(self) -> None:
+        self.session  # noqa: B018 (opened now rather than at the first request)
+
+    def new_kv(self, capacity: int = 0) -> SeqKV:
+        return SeqKV(self.layers, self.kv_heads, self.head_dim, torch.float32, capacity)
+
+    # ----------------------------------------------------------------- passes
     @torch.inference_mode()
     def decode(self, tokens: list[int], kvs: list[SeqKV], pos: list[SeqPos]) -> torch.Tensor:
         """One token for each sequence; returns float32 logits (B, vocab). Advances caches and
-        positions, like `LeanLM.decode`."""
+        positions."""
         b = len(tokens)
         for kv in kvs:
             kv.reserve(kv.length + 1)
@@ -140,23 +250,76 @@ class OrtDecoder:
         for row, kv in enumerate(kvs):
             mask[row, :kv.length + 1] = 1
         positions = np.array([p.next_pos + p.delta for p in pos], dtype=np.int64).reshape(1, b, 1).repeat(3, axis=0)
-        embeds = self.embed(torch.tensor(tokens, dtype=torch.long).view(b, 1)).float().contiguous()
+        embeds = self.embed(torch.tensor(tokens, dtype=torch.long).view(b, 1)).float()
+        logits = self._run(embeds, mask, positions, keys, values, None, b)
+        for kv, p in zip(kvs, pos):
+            kv.advance(1)
+            p.next_pos += 1
+        return logits
+
+    @torch.inference_mode()
+    def prefill(self, kv: SeqKV, embeds: torch.Tensor, positions: torch.Tensor, visual_mask=None,
+                deepstack=None, logits: bool = True):
+        """A chunk of one sequence's prompt over its cache (see `lm.Chunk`); returns the next token's
+        float32 logits (vocab,) (computed for the last position whatever `logits` says: one row of
+        the head)."""
+        n = embeds.shape[1]
+        past = kv.length
+        kv.reserve(past + n)
+        dense = None
+        if deepstack is not None and visual_mask is not None:
+            rows = visual_mask.reshape(-1).nonzero().view(-1)
+            dense = []
+            for level in deepstack[:self.deepstack]:
+                d = torch.zeros(1, n, self.hidden)
+                d[0, rows] = level.float()
+                dense.append(d)
+        mask = np.ones((1, past + n), dtype=np.int64)
+        keys = [k.unsqueeze(0) for k in kv.keys]
+        values = [v.unsqueeze(0) for v in kv.values]
+        out = self._run(embeds.float(), mask, positions.reshape(3, 1, n).numpy().astype(np.int64), keys, values,
+                        dense, 1)
+        kv.advance(n)
+        return out[0] if logits else None
+
+    def step(self, tokens: list[int], kvs: list[SeqKV], pos: list[SeqPos], chunk: Chunk | None = None):
+        """The running tokens as one call, then the prompt's chunk as another (GroupQueryAttention
+        takes one new length for every row of a call)."""
+        logits = self.decode(tokens, kvs, pos) if tokens else None
+        last = None
+        if chunk is not None:
+            last = self.prefill(chunk.kv, chunk.embeds, chunk.positions, chunk.visual_mask, chunk.deepstack,
+                                chunk.logits)
+        return logits, last
+
+    @torch.inference_mode()
+    def _run(self, embeds: torch.Tensor, mask: np.ndarray, positions: np.ndarray, keys, values, deepstack,
+             b: int) -> torch.Tensor:
+        n = embeds.shape[1]
         logits = np.empty((b, 1, self.vocab), dtype=np.float32)
         io = self.session.io_binding()
-        io.bind_cpu_input("inputs_embeds", embeds.numpy())
+        io.bind_cpu_input("inputs_embeds", embeds.contiguous().numpy())
         io.bind_cpu_input("attention_mask", mask)
-        io.bind_cpu_input("position_ids", positions)
+        io.bind_cpu_input("position_ids", np.ascontiguousarray(positions))
+        if self.deepstack:
+            zeros = None
+            if deepstack is None:
+                if self._zeros.numel() < b * n * self.hidden:
+                    self._zeros = torch.zeros(b * n * self.hidden)
+                zeros = self._zeros[:b * n * self.hidden].view(b, n, self.hidden).numpy()
+            for i in range(self.deepstack):
+                level = deepstack[i].numpy() if deepstack is not None and i < len(deepstack) else zeros
+                if level is None:  # fewer levels than the graph has: the rest add nothing
+                    level = np.zeros((b, n, self.hidden), dtype=np.float32)
+                io.bind_cpu_input(f"deepstack_embeds.{i}", level)
         io.bind_ortvalue_output("logits", self.ort.OrtValue.ortvalue_from_numpy(logits))
-        for i in range(self.layers):  # past and present share one buffer: the new position is written in place
+        for i in range(self.layers):  # past and present share one buffer: new positions are written in place
             for name, out, buf in ((f"past_key_values.{i}.key", f"present.{i}.key", keys[i]),
                                    (f"past_key_values.{i}.value", f"present.{i}.value", values[i])):
                 value = self.ort.OrtValue.ortvalue_from_numpy(buf.numpy())
                 io.bind_ortvalue_input(name, value)
                 io.bind_ortvalue_output(out, value)
         self.session.run_with_iobinding(io)
-        for kv, p in zip(kvs, pos):
-            kv.advance(1)
-            p.next_pos += 1
         return torch.from_numpy(logits.reshape(b, self.vocab))
 
     def _buffers(self, kvs: list[SeqKV]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -211,6 +374,7 @@ class OrtDecoder:
             self._arena = None
 
 
+
 def _own(kv: SeqKV) -> None:
     """Copy `kv`'s filled part into buffers of its own, of the same capacity."""
     for store in (kv.keys, kv.values):
@@ -220,29 +384,3 @@ def _own(kv: SeqKV) -> None:
             store[i] = own
 
 
-class SplitLM:
-    """`LeanLM`'s interface with decode steps in ONNX Runtime: prompts (and their images'
-    deepstack features) go through the PyTorch `LeanLM`, each token through `OrtDecoder`."""
-
-    def __init__(self, lean: LeanLM, decoder: OrtDecoder):
-        self.lean, self.decoder = lean, decoder
-
-    def __getattr__(self, name):  # layers, embed, lm_head, new_kv, ...: the PyTorch model's
-        return getattr(self.lean, name)
-
-    def decode(self, tokens: list[int], kvs: list[SeqKV], pos: list[SeqPos]) -> torch.Tensor:
-        return self.decoder.decode(tokens, kvs, pos)
-
-    def prefill(self, kv: SeqKV, embeds: torch.Tensor, positions: torch.Tensor, visual_mask=None,
-                deepstack=None, logits: bool = True):
-        return self.lean.prefill(kv, embeds, positions, visual_mask, deepstack, logits)
-
-    def step(self, tokens: list[int], kvs: list[SeqKV], pos: list[SeqPos], chunk: Chunk | None = None):
-        """The running tokens in ONNX Runtime, then the prompt's chunk in PyTorch (two passes: the
-        two runtimes hold different weights)."""
-        logits = self.decoder.decode(tokens, kvs, pos) if tokens else None
-        last = self.lean.step([], [], [], chunk)[1] if chunk is not None else None
-        return logits, last
-
-    def release(self, kv: SeqKV) -> None:
-        self.decoder.release(kv)

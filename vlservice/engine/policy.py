@@ -37,6 +37,7 @@ class Waiter:
     t_submit: float  # when it was submitted (perf_counter seconds)
     cancelled: bool = False  # its caller gave up
     tenant: str = ""  # whose request it is (an API key's tenant; "" without keys)
+    slots: int = 1  # slots it takes: one per choice (OpenAI's `n`), all at once
 
 
 def leaving(cancelled: bool, waited_s: float, timeout_s: float) -> str | None:
@@ -58,21 +59,25 @@ class Admission(NamedTuple):
 
 def admit(waiting: list[Waiter], free: int, now: float, timeout_s: float,
           running: dict[str, int] | None = None) -> Admission:
-    """Cancelled and timed-out waiters leave, then the others take the `free` slots one at a time:
-    the best priority first, within it the tenant with the fewest sequences running (`running`,
+    """Cancelled and timed-out waiters leave, then the others take the `free` slots in turn: the
+    best priority first, within it the tenant with the fewest sequences running (`running`,
     counting those admitted here), then the earliest arrival. So a tenant gets its fair share of
-    the batch while others wait, and all of it when alone. Leaving holds no slot: it cannot keep a
-    live request waiting."""
+    the batch while others wait, and all of it when alone. A waiter takes its `slots` all at once
+    or waits, and then nobody behind it overtakes it: a request of several choices is never
+    starved by single ones. Leaving holds no slot: it cannot keep a live request waiting."""
     gone = [i for i, w in enumerate(waiting) if leaving(w.cancelled, now - w.t_submit, timeout_s)]
     left = set(gone)
     rest = [i for i in range(len(waiting)) if i not in left]
     counts = dict(running or {})
     chosen: list[int] = []
-    for _ in range(max(0, min(free, len(rest)))):
+    while rest and free > 0:
         best = min(rest, key=lambda i: (waiting[i].priority, counts.get(waiting[i].tenant, 0), waiting[i].arrival))
+        if waiting[best].slots > free:
+            break
         rest.remove(best)
         chosen.append(best)
-        counts[waiting[best].tenant] = counts.get(waiting[best].tenant, 0) + 1
+        free -= waiting[best].slots
+        counts[waiting[best].tenant] = counts.get(waiting[best].tenant, 0) + waiting[best].slots
     return Admission(gone, chosen)
 
 

@@ -211,7 +211,7 @@ def load_int8_model(model_dir: Path, cache_dir: Path, need_vision: bool):
     """The model with its LLM in INT8 from the store, built without materialising float32 linears.
     Returns (model, stats)."""
     import torch
-    from transformers import AutoConfig, GenerationConfig, Qwen3VLForConditionalGeneration
+    from transformers import AutoConfig, Qwen3VLForConditionalGeneration
 
     model_dir = Path(model_dir)
     path, stats = ensure_int8(model_dir, cache_dir)
@@ -234,6 +234,38 @@ def load_int8_model(model_dir: Path, cache_dir: Path, need_vision: bool):
             lin = Linear(q.shape[1], q.shape[0], bias_=bias is not None, dtype=torch.qint8)
             lin.set_weight_bias(weight, bias)
             model.set_submodule(name, lin)
+    _fill_from_checkpoint(model, model_dir, need_vision)
+    model.eval().requires_grad_(False)
+    stats["load_s"] = time.perf_counter() - t0
+    log.info("loaded the INT8 LLM from %s in %.1f s", path, stats["load_s"])
+    return model, stats
+
+
+def load_embedding_model(model_dir: Path, need_vision: bool):
+    """The model's frame for `VL_LLM_QUANT=int4`, where ONNX Runtime runs the whole language model
+    (ortdecode.py): only the token embedding (mapped from the checkpoint in its own dtype), the
+    rotary tables and, when the encoder still has to be exported, the vision tower hold data; the
+    language model's layers and head stay empty. Returns the model."""
+    import torch
+    from transformers import AutoConfig, Qwen3VLForConditionalGeneration
+
+    model_dir = Path(model_dir)
+    config = AutoConfig.from_pretrained(str(model_dir))
+    with torch.device("meta"):
+        model = Qwen3VLForConditionalGeneration(config)
+    _fill_from_checkpoint(model, model_dir, need_vision, text=False)
+    model.eval().requires_grad_(False)
+    return model
+
+
+def _fill_from_checkpoint(model, model_dir: Path, need_vision: bool, text: bool = True) -> None:
+    """Give every parameter still on the meta device its checkpoint tensor: the embedding mapped in
+    its dtype, the vision tower's only when `need_vision`, the language model's other float ones
+    (norms; with `text=False`, none: they stay empty) in float32; then the non-persistent buffers
+    and the generation config."""
+    import torch
+    from transformers import GenerationConfig
+
     ckpt = _Checkpoint(model_dir)
     embed_key = "model.language_model.embed_tokens.weight"
     if embed_key not in ckpt:
@@ -247,7 +279,8 @@ def load_int8_model(model_dir: Path, cache_dir: Path, need_vision: bool):
             continue
         module_name, attr = name.rsplit(".", 1)
         module = model.get_submodule(module_name)
-        if name.startswith("model.visual.") and not need_vision:
+        vision = name.startswith("model.visual.")
+        if (vision and not need_vision) or (not vision and not text):
             value = torch.empty(0)
         elif name in ckpt:
             value = ckpt.get(name).float()
@@ -262,10 +295,6 @@ def load_int8_model(model_dir: Path, cache_dir: Path, need_vision: bool):
                 module._buffers[n] = getattr(fresh, n)
     if (model_dir / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(str(model_dir))
-    model.eval().requires_grad_(False)
-    stats["load_s"] = time.perf_counter() - t0
-    log.info("loaded the INT8 LLM from %s in %.1f s", path, stats["load_s"])
-    return model, stats
 
 
 def release_torch_vision(model) -> int:

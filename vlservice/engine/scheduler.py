@@ -19,6 +19,11 @@ sequences costs little more than one step over one. The scheduler therefore keep
    with its own parameters, seed and stop strings, and leaves the batch the moment it finishes or
    is cancelled, freeing its slot.
 
+A request of several choices (OpenAI's `n`) takes that many slots at once: its first sequence
+prefills the prompt, the others wait in their slots and start from copies of its KV cache when
+its logits are there, each sampling with its own seed (`sequence.choice_seed`) and grammar
+matcher; it ends when all have finished, and a failure or a cancel ends all of them.
+
 `VL_MAX_BATCH=1` gives one request at a time. The rules themselves (who leaves the queue, who
 takes a slot, who shares a pass, how long its chunk is) are pure functions in `policy.py`: this
 loop measures, asks them and carries out the answers. Nothing here knows HTTP; callers see events
@@ -42,7 +47,7 @@ from ..errors import APIError, Cancelled, EngineError, NotReady, QueueTimeout
 from . import policy
 from .logprobs import TokenText
 from .reclaim import malloc_trim
-from .sequence import Sequence
+from .sequence import Choices, Sequence
 from .types import Event
 
 if TYPE_CHECKING:
@@ -172,7 +177,10 @@ class Scheduler:
         tokens to decode. Called with the condition held."""
         runnable = any(s.decoding or s.inputs is not None or (s.encoding is not None and s.encoding.done())
                        for s in self.running)
-        return policy.ready(len(self._waiting), len(self.running), self.max_batch, runnable)
+        if not policy.ready(len(self._waiting), len(self.running), self.max_batch, runnable):
+            return False
+        # a free slot is not enough for a request of several choices: it waits until all fit
+        return runnable or any(self._admission())
 
     def _idle(self) -> None:
         """Give the freed heap back to the system when the model goes idle (at most once a second)."""
@@ -181,17 +189,22 @@ class Scheduler:
             malloc_trim()
             self.trims += 1
 
-    def _take_admissible(self) -> list:
-        """Take out of the queue what `policy.admit` lets leave now: cancelled or timed-out waiters
-        (`_admit` gives them their error) and, while slots are free, the best waiters. Called with
-        the condition held."""
-        waiters = [policy.Waiter(rank, arrival, gen.work.t_submit, gen.cancelled.is_set(), gen.request.tenant)
+    def _admission(self) -> policy.Admission:
+        """What `policy.admit` lets leave the queue now. Called with the condition held."""
+        waiters = [policy.Waiter(rank, arrival, gen.work.t_submit, gen.cancelled.is_set(), gen.request.tenant,
+                                 gen.request.choices)
                    for rank, arrival, gen in self._waiting]
         running: dict[str, int] = {}
         for seq in self.running:
             running[seq.gen.request.tenant] = running.get(seq.gen.request.tenant, 0) + 1
-        gone, admit = policy.admit(waiters, self.max_batch - len(self.running), time.perf_counter(),
-                                   self.queue_timeout_s, running)
+        return policy.admit(waiters, self.max_batch - len(self.running), time.perf_counter(),
+                            self.queue_timeout_s, running)
+
+    def _take_admissible(self) -> list:
+        """Take out of the queue what `policy.admit` lets leave now: cancelled or timed-out waiters
+        (`_admit` gives them their error) and, while slots are free, the best waiters. Called with
+        the condition held."""
+        gone, admit = self._admission()
         if not gone and not admit:
             return []
         taken = set(gone) | set(admit)
@@ -238,14 +251,15 @@ class Scheduler:
             return svc.fail(gen, QueueTimeout(f"the request waited {self.queue_timeout_s:.0f} s for the model; "
                                               f"retry later", retry_after=svc.retry_after()))
         try:
-            seq = Sequence(gen, now)
+            family = Choices(gen, now)
         except Exception as exc:  # e.g. a grammar the tokenizer cannot serve
             log.error("could not start %s: %r", gen.id, exc)
             return svc.fail(gen, exc if isinstance(exc, APIError) else EngineError(f"the engine failed: "
                                                                                     f"{type(exc).__name__}"))
+        seq = family.leader  # it prefills; the other choices hold their slots until it is through
         seq.timings["queue_ms"] = (now - gen.work.t_submit) * 1e3
         gen.queue.put(Event("started"))
-        self.running.append(seq)
+        self.running.extend(family.members)
         try:
             self._setup(seq)
         except Exception as exc:
@@ -351,13 +365,27 @@ class Scheduler:
                 other.timings["wait_ms"] += seconds * 1e3
 
     def _first_token(self, seq: Sequence, logits) -> None:
-        s = seq.sampling
-        token = seq.sampler(logits, seq.seen, forbid=self.service.inputs.eos_ids if s.min_tokens > 0 else None)
+        """The prompt is through: the first token of each of its choices, from its logits."""
+        forbid = self.service.inputs.eos_ids if seq.sampling.min_tokens > 0 else None
+        token = seq.sampler(logits, seq.seen, forbid=forbid)
         now = time.perf_counter()
         seq.t_first = now
         seq.timings["prompt_ms"] = seq.prefill_s * 1e3
         seq.timings["ttft_ms"] = (now - seq.gen.work.t_submit) * 1e3
+        others = self._fork(seq)  # before the leader's token: finishing hands its cache to the prefix cache
         self._accept(seq, token)
+        for other in others:
+            if seq.family.over:
+                return
+            self._accept(other, other.sampler(logits, other.seen, forbid=forbid))
+
+    def _fork(self, leader: Sequence) -> list[Sequence]:
+        """The request's other choices start from copies of `leader`'s KV cache (its prompt)."""
+        others = leader.family.followers
+        assert leader.kv is not None, "the leader's prompt is through"
+        for other in others:
+            other.start_from(leader, leader.kv.copy(len(leader.prompt) + leader.sampling.max_tokens))
+        return others
 
     # ----------------------------------------------------------------- decode
     def _sample(self, batch: list, logits, t0: float, t1: float) -> None:
@@ -368,6 +396,8 @@ class Scheduler:
             listener(len(batch))
         eos = self.service.inputs.eos_ids
         for i, s in enumerate(batch):
+            if s.family.over:  # another choice of its request failed in this step: it left with it
+                continue
             s.fed.append(s.pending)
             try:
                 token = s.sampler(logits[i], s.seen, forbid=eos if s.n < s.sampling.min_tokens else None)
@@ -405,9 +435,9 @@ class Scheduler:
     @staticmethod
     def _delta(seq: Sequence, text: str) -> Event:
         if seq.sampling.logprobs is None:
-            return Event("delta", text=text)
+            return Event("delta", text=text, choice=seq.choice)
         entries, seq.logprobs = seq.logprobs, []
-        return Event("delta", text=text, data={"logprobs": entries})
+        return Event("delta", text=text, data={"logprobs": entries}, choice=seq.choice)
 
     # ----------------------------------------------------------------- leaving
     def _release(self, seq: Sequence) -> None:
@@ -442,12 +472,41 @@ class Scheduler:
         })
         if seq.sampler.constraint is not None:  # `response_format`: what its token masks cost, in all
             seq.timings["grammar_mask_ms"] = seq.sampler.constraint.mask_s * 1e3
-        usage = {"prompt_tokens": len(seq.prompt), "completion_tokens": n, "total_tokens": len(seq.prompt) + n}
-        self.service.complete(seq.gen, seq.timings, finish, usage, seq.stream.text_sent())
+        family = seq.family
+        family.finished[seq.choice] = (finish, n)
+        if len(family.members) > 1:
+            seq.gen.queue.put(Event("choice_done", data={"finish_reason": finish, "completion_tokens": n},
+                                    choice=seq.choice))
+        if family.done:
+            self._complete(family, seq.timings, now)
+
+    def _complete(self, family: Choices, timings: dict, now: float) -> None:
+        """Every choice has finished: the request's answer. Its usage counts the prompt once and
+        every choice's tokens; with several choices, the timings of the last to finish, its
+        decode figures over all of them."""
+        leader = family.leader
+        completion = sum(n for _, n in family.finished.values())
+        usage = {"prompt_tokens": len(leader.prompt), "completion_tokens": completion,
+                 "total_tokens": len(leader.prompt) + completion}
+        choices = None
+        if len(family.members) > 1:
+            decode_s = now - leader.t_first
+            steps = completion - len(family.members)  # the first tokens came from the prompt's pass
+            timings.update({"predicted_n": completion, "predicted_ms": decode_s * 1e3,
+                            "predicted_per_second": steps / decode_s if steps > 0 and decode_s > 0 else 0.0})
+            choices = [{"index": i, "finish_reason": family.finished[i][0]} for i in range(len(family.members))]
+        self.service.complete(leader.gen, timings, family.finished[0][0], usage, leader.stream.text_sent(), choices)
 
     def _drop(self, seq: Sequence, exc: Exception) -> None:
-        if seq in self.running:
-            self._release(seq)
+        """`seq` failed or was cancelled: its request ends with the error, every choice of it
+        leaving the batch (once, whichever of them fails first)."""
+        family = seq.family
+        for member in family.members:
+            if member in self.running:
+                self._release(member)
+        if family.over:
+            return
+        family.over = True
         if isinstance(exc, APIError):
             err = exc
         else:

@@ -1,10 +1,12 @@
 """One admitted request's state on the model side, between its admission and its last token: its
-KV cache, its prompt's progress through prefill, its sampler and text stream. The scheduler
-(scheduler.py) is the only one that changes it, on its own thread."""
+KV cache, its prompt's progress through prefill, its sampler and text stream; a request of
+several choices (OpenAI's `n`) is several sequences, one `Choices`. The scheduler (scheduler.py)
+is the only one that changes them, on its own thread."""
 
 from __future__ import annotations
 
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .lm import Chunk, SeqPos
@@ -19,15 +21,53 @@ if TYPE_CHECKING:
     from .kv import SeqKV
 
 
-class Sequence:
-    """One admitted request's state on the model side."""
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of choice `index`: the request's `seed + index`, wrapped into the signed 64-bit
+    range a request's `seed` takes, so that choice i answers what the same request sent alone with
+    that seed answers. No seed: None, each choice drawing from a random stream of its own."""
+    if seed is None:
+        return None
+    return (seed + index + 2**63) % 2**64 - 2**63
+
+
+class Choices:
+    """The sequences answering one request, one per choice, in choice order. The first (the
+    leader) prefills the prompt; the others hold their batch slots meanwhile and start from copies
+    of its KV cache once its prompt's logits are there (`Sequence.start_from`). The request is
+    done when every choice has finished, or over at its first failure."""
 
     def __init__(self, gen: Generation, now: float):
+        self.members = [Sequence(gen, now, self, i) for i in range(max(1, gen.request.choices))]
+        self.finished: dict[int, tuple[str, int]] = {}  # choice -> (finish reason, completion tokens)
+        self.over = False  # failed or cancelled: its error was given, its sequences left the batch
+
+    @property
+    def leader(self) -> Sequence:
+        return self.members[0]
+
+    @property
+    def followers(self) -> list[Sequence]:
+        """The other choices, not yet started (they wait for the leader's prompt)."""
+        return [s for s in self.members[1:] if s.kv is None]
+
+    @property
+    def done(self) -> bool:
+        return len(self.finished) == len(self.members)
+
+
+class Sequence:
+    """One admitted request's state on the model side (one choice of it)."""
+
+    def __init__(self, gen: Generation, now: float, family: Choices, choice: int = 0):
         self.gen = gen
+        self.family = family
+        self.choice = choice
         work = gen.work
         self.prompt = work.prompt
         self.images = work.images
         self.sampling = gen.request.sampling
+        if choice:  # its own random stream (sequence.choice_seed)
+            self.sampling = replace(self.sampling, seed=choice_seed(self.sampling.seed, choice))
         self.timings = dict(work.timings)
         self.timings["wait_ms"] = 0.0  # other requests' prefill chunks while this one ran
         self.admitted = now
@@ -41,8 +81,9 @@ class Sequence:
         self.inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[torch.Tensor] | None] | None = None
         self.prompt_logits: torch.Tensor | None = None
         self.prefill_s = 0.0
-        # `response_format`: this sequence's own grammar matcher, built at submission
-        constraint = work.constraint
+        # `response_format`: this sequence's own grammar matcher, built at submission (the other
+        # choices: copies of it, untouched yet)
+        constraint = work.constraint if work.constraint is None or not choice else work.constraint.copy()
         if constraint is None and self.sampling.grammar:
             constraint = gen.service.grammars.constraint(self.sampling.grammar)
         self.sampler = Sampler(self.sampling, constraint)
@@ -53,6 +94,14 @@ class Sequence:
         self.pending: int | None = None  # the token to feed at the next decode step
         self.logprobs: list[dict] = []  # with `logprobs`: entries of tokens not yet sent with a delta
         self.t_first = 0.0
+
+    def start_from(self, leader: Sequence, kv: SeqKV) -> None:
+        """Another choice starts where `leader`'s prefill ended: `kv` a copy of its cache, its
+        position and what its prompt cost."""
+        self.kv, self.pos = kv, SeqPos(leader.pos.next_pos, leader.pos.delta)
+        self.start, self.cursor, self.prefill_s = leader.start, leader.cursor, leader.prefill_s
+        self.prompt_logits, self.t_first = leader.prompt_logits, leader.t_first
+        self.timings = dict(leader.timings)
 
     @property
     def decoding(self) -> bool:

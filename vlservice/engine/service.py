@@ -11,7 +11,10 @@ The workflow of one request, and where each knob acts:
 2. The scheduler (`scheduler.py`), the one thread that touches the model, admits requests into
    up to `VL_MAX_BATCH` slots by (priority, arrival), takes their features from the cache or
    the vision encoder, prefills their prompts in chunks and decodes every running request in one
-   batched forward pass per token, pushing events (`stage`, `delta`, `done`, `error`).
+   batched forward pass per token, pushing events (`stage`, `delta`, `done`, `error`). A request
+   of several choices (`ChatRequest.choices`, OpenAI's `n`, at most `VL_MAX_BATCH`) takes that
+   many slots: one prefill, then each choice its own sequence (`delta` events carry their choice,
+   and each choice's end is a `choice_done` event before the request's `done`).
 3. The caller iterates `Generation.events()`; a caller that goes away calls `cancel()` (or closes
    the iterator), and the request leaves the batch within a step, freeing its slot.
 
@@ -40,9 +43,10 @@ from .constrain import GrammarError, Grammars, explain, param_of
 from .counters import Counters
 from .generation import Generation, Work
 from .inputs import ModelInputs
-from .lm import LeanLM, SeqPos
-from .ortdecode import SplitLM
+from .lm import SeqPos
+from .runners import load_lm
 from .prepare import MediaPreparer, chat_prompt, check_text_fits, media_tokens
+from .prompt import Prompt, encode
 from .reclaim import malloc_trim, release_file_pages
 from .scheduler import Scheduler
 from .tenants import TenantShares
@@ -72,13 +76,15 @@ class VLModelService:
         pre = json.loads((path / "preprocessor_config.json").read_text())
         self.spec = imgs.ImageSpec.from_preprocessor_config(pre)
         self.video_spec = vid.VideoSpec.from_checkpoint(path, pre)
-        self.model = self._load_llm(path, model)
+        loaded = load_lm(settings, path, model)
+        self.model, self.lean = loaded.model, loaded.runner
+        self.quantize_s, self.llm_int8_stats = loaded.quantize_s, loaded.int8_stats
+        self.prepack_stats, self.decoder_stats = loaded.prepack_stats, loaded.decoder_stats
         gen = self.model.generation_config
         eos = gen.eos_token_id if isinstance(gen.eos_token_id, (list, tuple)) else [gen.eos_token_id]
         eos = [e for e in eos if e is not None] or [self.tokenizer.eos_token_id]
         self.inputs = ModelInputs(self.model, eos)
         self.grammars = Grammars(self.tokenizer, self.inputs.eos_ids)  # `response_format` matchers
-        self.lean: LeanLM | SplitLM = LeanLM(self.model)
         vision_cfg = self.model.config.vision_config  # what the encoder gives per token: a cached entry must match
         self.feature_width = (int(vision_cfg.out_hidden_size), len(vision_cfg.deepstack_visual_indexes))
         self.generation_defaults = {
@@ -118,49 +124,6 @@ class VLModelService:
         log.info("loaded %s from %s in %.1f s%s", self.source.name, path, self.load_s,
                  " (DEMO model)" if self.source.is_demo else "")
 
-    def _load_llm(self, path, model):
-        """The language model as `VL_LLM_QUANT` wants it, loaded (or `model` converted in place),
-        in eval mode with no gradients; what loading it measured goes on `self`."""
-        import torch
-        from transformers import Qwen3VLForConditionalGeneration
-
-        settings = self.settings
-        self.quantize_s = 0.0
-        self.llm_int8_stats: dict = {}
-        self.prepack_stats: dict = {}
-        # int4: the prompts run through the INT8 LLM, the tokens through ONNX Runtime (ortdecode.py)
-        self.torch_quant = "int8" if settings.llm_quant in ("int8", "int4") else ""
-        self.decoder_stats: dict = {}
-        if settings.llm_quant == "int4":  # built before any weights are loaded: its peak memory is its own
-            from .ortdecode import ensure_decoder
-
-            _, self.decoder_stats = ensure_decoder(path, settings.cache_path)
-        if model is None and self.torch_quant == "int8":
-            from .quant import load_int8_model
-            from .vision import onnx_ready
-
-            need_vision = not onnx_ready(path, settings.cache_path, settings.vision_backend)
-            model, self.llm_int8_stats = load_int8_model(path, settings.cache_path, need_vision)
-            self.quantize_s = self.llm_int8_stats["build_s"]
-        elif model is None:
-            model = Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32)
-            if settings.llm_prepack:
-                from .quant import prepack_llm
-
-                self.prepack_stats = prepack_llm(model, path)
-        elif self.torch_quant == "int8":  # a shared float model (the benchmark): quantise in place
-            from .quant import quantize_llm_int8
-
-            self.quantize_s = quantize_llm_int8(model)
-        if self.torch_quant == "int8":
-            from .quant import fuse_int8_projections, make_rows_independent
-
-            make_rows_independent(model)  # a request's answer must not depend on who shares its batch
-            fuse_int8_projections(model)  # q/k/v and gate/up as one product each (the same bits)
-        model = model.eval()
-        model.requires_grad_(False)
-        return model
-
     # ----------------------------------------------------------------- lifecycle
     @property
     def model_name(self) -> str:
@@ -195,8 +158,7 @@ class VLModelService:
         self.encoder, stats = load_encoder(self.settings.vision_backend, self.source.path,
                                            self.model.model.visual, self.settings.cache_path, threads)
         self.export_stats = {**stats, **{k: v for k, v in self.export_stats.items() if v}}
-        if self.settings.llm_quant == "int4":
-            self._open_decoder(threads)
+        self.lean.start()  # its thread pools, if it has its own (after the fork: they are not fork-safe)
         disk_dir = self.settings.cache_path / "features" if self.settings.disk_cache_mb > 0 else None
         if self.settings.redis_url:  # a connection pool per worker: sockets do not survive a fork
             self.shared = SharedStore(self.settings.redis_url, f"vlservice:{self.model_fp[:16]}",
@@ -215,15 +177,6 @@ class VLModelService:
         self.ready = True
         log.info("ready: vision=%s threads=%d warm-up %.1f s", self.encoder.name, threads, self.warmup_s)
         return self
-
-    def _open_decoder(self, threads: int) -> None:
-        """The ONNX Runtime decoder (its session after the fork: thread pools are not fork-safe)."""
-        from .ortdecode import OrtDecoder, ensure_decoder
-
-        path, stats = ensure_decoder(self.source.path, self.settings.cache_path)
-        self.decoder_stats = {**stats, **{k: v for k, v in self.decoder_stats.items() if v}}
-        lean = self.lean.lean if isinstance(self.lean, SplitLM) else self.lean
-        self.lean = SplitLM(lean, OrtDecoder(path, lean.embed, threads))
 
     def drain(self) -> None:
         """Take no new requests (they get 503 `draining`, to be retried elsewhere); the running and
@@ -264,6 +217,7 @@ class VLModelService:
                            retry_after=1)
         assert self.encoder is not None, "ready: start() loaded the encoder"
         self._check_sampling(request.sampling)
+        self._check_choices(request.choices)
         t0 = time.perf_counter()
         # Admission first: a full queue, or a tenant past its share, is refused before any image or
         # clip is decoded.
@@ -317,7 +271,7 @@ class VLModelService:
             compile_s = time.perf_counter() - t
         space = self.model_fp + (f"/{request.tenant}" if request.tenant else "")  # no cache shared across tenants
         prepared, keys, media_timings = self.media.prepare(request.media, space, self.encoder.name, request.gone.is_set)
-        prompt = chat_prompt(self.tokenizer, request.messages, prepared, request.tools)
+        prompt = self._prompt(request, prepared)
         if len(prompt) + s.max_tokens > self.settings.max_context_tokens:
             raise ContextLengthExceeded(
                 f"this request needs {len(prompt)} prompt tokens (including "
@@ -327,7 +281,9 @@ class VLModelService:
         spans = prompt.media_spans(self.inputs.image_token_id, self.inputs.video_token_id)
         images = [(a, b, k) for (a, b), k in zip(spans, keys)]
         result_key = None
-        if request.result_cache and s.greedy and s.logprobs is None:  # the cache keeps no log probabilities
+        # the cache keeps one answer and no log probabilities; several choices are never looked up
+        # (a cached answer is one choice) nor stored (their key would not say how many there were)
+        if request.result_cache and s.greedy and s.logprobs is None and request.choices == 1:
             result_key = ResultCache.key(space, self.encoder.name, prompt.input_ids, keys, s)
         timings = {**media_timings,
                    **({"grammar_compile_ms": compile_s * 1e3} if constraint is not None else {}),
@@ -335,6 +291,21 @@ class VLModelService:
         return Work(prepared=prepared, keys=keys, prompt=prompt, images=images, result_key=result_key,
                     constraint=constraint, timings=timings, t_submit=time.perf_counter(),
                     queue_position=self.queue_depth() + self.running())
+
+    def _prompt(self, request: ChatRequest, prepared: list) -> Prompt:
+        """The messages through the chat template, or a raw prompt (`/v1/completions`) as it is; both
+        tokenized as text: a marker a client typed is never a control token."""
+        if request.raw_prompt is not None:
+            return Prompt(input_ids=encode(self.tokenizer, [(request.raw_prompt, False)]))
+        return chat_prompt(self.tokenizer, request.messages, prepared, request.tools)
+
+    def prompt_ids(self, request: ChatRequest) -> list[int]:
+        """The token ids `submit` would prefill for `request`, computed without running it
+        (`count_tokens`, `/tokenize`): the text bounded by the context first, the media decoded to
+        count their tokens; nothing is queued or cached."""
+        check_text_fits(self.tokenizer, request.messages, request.tools, 0, self.settings.max_context_tokens)
+        prepared, _, _ = self.media.prepare(request.media, self.model_fp, "count", request.gone.is_set)
+        return self._prompt(request, prepared).input_ids
 
     def cancel(self, request_id: str, tenant: str = "") -> bool:
         """Cancels a running request of `tenant` (another tenant's is not found)."""
@@ -351,6 +322,12 @@ class VLModelService:
         if not 1 <= s.max_tokens <= self.settings.max_tokens_cap:
             raise InvalidRequest(f"`max_tokens` must be between 1 and {self.settings.max_tokens_cap}, "
                                  f"got {s.max_tokens}", param="max_tokens", code="invalid_value")
+
+    def _check_choices(self, choices: int) -> None:
+        limit = self.settings.max_batch
+        if not 1 <= choices <= limit:
+            raise InvalidRequest(f"`n` must be between 1 and {limit} (each choice takes one of the {limit} batch "
+                                 f"slots, VL_MAX_BATCH), got {choices}", param="n", code="invalid_value")
 
     def retry_after(self) -> int:
         return max(1, int(round(self.last_timings.get("total_ms", 5000) / 1000)))
@@ -406,18 +383,20 @@ class VLModelService:
         timings["total_ms"] = timings["ttft_ms"]
         self._finish(gen, timings, cached["finish_reason"], usage)
 
-    def complete(self, gen: Generation, timings: dict, finish: str, usage: dict, text: str) -> None:
-        """A request the model answered: the result cache, then the final event."""
+    def complete(self, gen: Generation, timings: dict, finish: str, usage: dict, text: str,
+                 choices: list | None = None) -> None:
+        """A request the model answered: the result cache, then the final event. `choices`: with
+        several, each one's index and finish reason (`finish` and `text` are the first's)."""
         if gen.work.result_key:
             self.results.put(gen.work.result_key, {"text": text, "finish_reason": finish, "usage": usage})
-        self._finish(gen, timings, finish, usage)
+        self._finish(gen, timings, finish, usage, choices)
 
     def fail(self, gen: Generation, error: APIError) -> None:
         self.counters.add("cancelled" if isinstance(error, Cancelled) else "errors")
         self._leave(gen)
         gen.queue.put(Event("error", error=error))
 
-    def _finish(self, gen: Generation, timings: dict, finish: str, usage: dict) -> None:
+    def _finish(self, gen: Generation, timings: dict, finish: str, usage: dict, choices: list | None = None) -> None:
         n = usage["completion_tokens"]
         self.counters.add("completed")
         self.counters.add("prompt_tokens", usage["prompt_tokens"])
@@ -425,7 +404,10 @@ class VLModelService:
         self.last_timings = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in timings.items()}
         log.info("%s done: %s", gen.id, " ".join(f"{k}={v}" for k, v in self.last_timings.items()))
         self._leave(gen)
-        gen.queue.put(Event("done", data={"finish_reason": finish, "usage": usage, "timings": self.last_timings}))
+        data = {"finish_reason": finish, "usage": usage, "timings": self.last_timings}
+        if choices is not None:
+            data["choices"] = choices
+        gen.queue.put(Event("done", data=data))
 
     def _leave(self, gen: Generation) -> None:
         """Its place in the queue and its id are free again (once, whatever ended it)."""
@@ -444,7 +426,8 @@ class VLModelService:
         return self.scheduler.waiting if self.scheduler else 0
 
     def running(self) -> int:
-        """Requests holding a slot (being encoded, prefilled or decoded)."""
+        """Sequences holding a slot (being encoded, prefilled or decoded; a request of n choices
+        holds n)."""
         return len(self.scheduler.running) if self.scheduler else 0
 
     def info(self) -> dict:
@@ -489,3 +472,4 @@ def load_service(settings: Settings | None = None, start: bool = True) -> VLMode
 
 
 __all__ = ["VLModelService", "load_service"]
+

@@ -70,6 +70,8 @@ class ChatRequest:
     result_cache: bool = True  # an identical greedy request may be answered from the result cache
     tools: list = field(default_factory=list)  # OpenAI's tool objects, rendered by the chat template
     tenant: str = ""  # the API key's tenant ("" without keys): its fair share, its own caches and cancels
+    raw_prompt: str | None = None  # /v1/completions: this text is the whole prompt (no chat template), as text
+    choices: int = 1  # answers wanted (OpenAI's `n`): one prefill, then each its own sequence in the batch
     gone: threading.Event = field(default_factory=threading.Event, repr=False)  # its client left during submit
 
     def cancel(self) -> None:
@@ -85,7 +87,8 @@ class ChatRequest:
 
 @dataclass
 class Event:
-    kind: str  # queued | started | stage | delta | done | error
+    kind: str  # queued | started | stage | delta | choice_done (several choices only) | done | error
     text: str = ""
     data: dict = field(default_factory=dict)
     error: APIError | None = None
+    choice: int = 0  # the answer a `delta` or `choice_done` belongs to (0 to `ChatRequest.choices` - 1)

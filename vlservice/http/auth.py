@@ -19,9 +19,10 @@ from ..config import Settings
 from ..errors import AuthenticationError
 
 
-# What a key guards: the API (new routes under /v1/ are protected by default) and the statistics,
+# What a key guards: the API (new routes under /v1/ are protected by default; /tokenize and
+# /detokenize at the root, where vLLM and llama.cpp serve them) and the statistics,
 # which tell who is using the server how much (Prometheus sends the key as `Authorization: Bearer`).
-PROTECTED = ("/v1/", "/api/stats", "/metrics")
+PROTECTED = ("/v1/", "/api/stats", "/metrics", "/tokenize", "/detokenize")
 
 
 def tenant_keys(settings: Settings) -> dict[str, str]:
@@ -45,13 +46,15 @@ def init_app(app: Flask, settings: Settings) -> None:
         if not keys or not request.path.startswith(PROTECTED) or request.method == "OPTIONS":
             return None
         given = request.headers.get("Authorization", "")
-        token = given[7:] if given.startswith("Bearer ") else ""
+        # the bearer (OpenAI's clients), else `x-api-key` (Anthropic's)
+        token = given[7:] if given.startswith("Bearer ") else request.headers.get("x-api-key", "")
         tenant = None
         for key in keys:  # compare with every key, in constant time, whatever matches
             if secrets.compare_digest(token.encode(), key.encode()):
                 tenant = named[key]
         if tenant is None:
-            raise AuthenticationError("a valid API key is required: send `Authorization: Bearer <key>`")
+            raise AuthenticationError("a valid API key is required: send `Authorization: Bearer <key>` or "
+                                      "`x-api-key: <key>`")
         g.tenant = tenant
         return None
 
@@ -60,7 +63,8 @@ def init_app(app: Flask, settings: Settings) -> None:
         origin = request.headers.get("Origin")
         if origin and origin in origins:
             response.headers["Access-Control-Allow-Origin"] = origin
-            response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, X-Request-Priority, X-Session-Id"
-            response.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+            response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, X-Request-Priority, X-Session-Id, " \
+                "x-api-key, anthropic-version"
+            response.headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
             response.headers["Vary"] = "Origin"
         return response

@@ -90,16 +90,27 @@ def chat_completions():
         return response
     with cancel_on_disconnect(gen, request.environ):
         result = record.result = gen.result()
-    message, called = _reply(result["text"], opts["tools"])
+    several = len(result["choices"]) > 1
     body = ChatCompletion(
         id=gen.id, object="chat.completion", created=gen.created, model=model,
-        choices=[Choice(index=0, message=message, finish_reason=_finish(result["finish_reason"], called),
-                        logprobs=_logprobs(result.get("logprobs")))],
+        choices=[_choice(c, opts["tools"], gen.image_sizes if several else None) for c in result["choices"]],
         usage=result["usage"], timings=result["timings"], system_fingerprint=ctx.service.model_fp)
     boxes = grounding(parse(result["text"]), gen.image_sizes)
     if boxes:
         body.grounding = Grounding.model_validate(boxes)
     return _json(body, headers)
+
+
+def _choice(result: dict, tools: bool, image_sizes: list | None) -> Choice:
+    """One choice of a JSON answer (`Generation.result()`'s `choices`); with `image_sizes` (several
+    choices), its own `grounding`."""
+    message, called = _reply(result["text"], tools)
+    choice = Choice(index=result["index"], message=message, finish_reason=_finish(result["finish_reason"], called),
+                    logprobs=_logprobs(result.get("logprobs")))
+    boxes = grounding(parse(result["text"]), image_sizes) if image_sizes is not None else None
+    if boxes:
+        choice.grounding = Grounding.model_validate(boxes)
+    return choice
 
 
 def _json(model, headers: dict | None = None) -> Response:
@@ -146,11 +157,11 @@ def _logprobs(entries) -> ChoiceLogprobs | None:
     return None if entries is None else ChoiceLogprobs(content=entries, refusal=None)
 
 
-def _chunk(gen, model, delta: dict | None = None, finish=None, logprobs=None, **extra) -> str:
-    """One `data:` event; `extra` fields at the top level, those that are None left out."""
+def _chunk(gen, model, delta: dict | None = None, finish=None, logprobs=None, index: int = 0, **extra) -> str:
+    """One `data:` event (of choice `index`); `extra` fields at the top level, those that are None left out."""
     chunk = ChatCompletionChunk(
         id=gen.id, object="chat.completion.chunk", created=gen.created, model=model,
-        choices=[] if delta is None else [ChunkChoice(index=0, delta=Delta(**delta), finish_reason=finish,
+        choices=[] if delta is None else [ChunkChoice(index=index, delta=Delta(**delta), finish_reason=finish,
                                                       logprobs=_logprobs(logprobs))],
         **{"usage": None, **{k: v for k, v in extra.items() if v is not None}})
     return "data: " + answer(chunk) + "\n\n"
@@ -177,17 +188,22 @@ def _sse(gen, model, include_usage, record, t0, include_stages=False, tools=Fals
     """The SSE body. It counts its request at its last event, before the client can see it end."""
     # the first bytes: headers reach the client now
     yield _stage("queued", include_stages, position=gen.queue_position)
-    yield _chunk(gen, model, {"role": "assistant", "content": ""})
-    boxes = GroundingParser()
-    out = _StreamedAnswer(gen, model, tools)
+    count = max(1, gen.request.choices)
+    for index in range(count):
+        yield _chunk(gen, model, {"role": "assistant", "content": ""}, index=index)
+    boxes = [GroundingParser() for _ in range(count)]
+    outs = [_StreamedAnswer(gen, model, tools, index) for index in range(count)]
     for ev in gen.events(ping_every=PING_EVERY_S):
         if ev is None:
             yield ": ping\n\n"
         elif ev.kind == "stage":
             yield _stage(ev.data["stage"], include_stages)
         elif ev.kind == "delta":
-            boxes.feed(ev.text)
-            yield from out.delta(ev.text, ev.data.get("logprobs"))
+            boxes[ev.choice].feed(ev.text)
+            yield from outs[ev.choice].delta(ev.text, ev.data.get("logprobs"))
+        elif ev.kind == "choice_done":  # one of several choices ended (a single one ends with `done`)
+            yield from outs[ev.choice].end(ev.data["finish_reason"],
+                                           grounding(boxes[ev.choice].items, gen.image_sizes))
         elif ev.kind == "error":
             record.finish(ev.error.status)
             yield "data: " + json.dumps(ev.error.to_dict()) + "\n\n"
@@ -196,7 +212,8 @@ def _sse(gen, model, include_usage, record, t0, include_stages=False, tools=Fals
         elif ev.kind == "done":
             record.result = ev.data
             record.finish(200)
-            yield from out.end(ev.data["finish_reason"], grounding(boxes.items, gen.image_sizes))
+            if count == 1:
+                yield from outs[0].end(ev.data["finish_reason"], grounding(boxes[0].items, gen.image_sizes))
             if include_usage:
                 yield _chunk(gen, model, None, usage=ev.data["usage"], timings=ev.data["timings"])
             yield "data: [DONE]\n\n"
@@ -204,12 +221,12 @@ def _sse(gen, model, include_usage, record, t0, include_stages=False, tools=Fals
 
 
 class _StreamedAnswer:
-    """A streamed answer's chunks: text as `content` deltas; with tools offered, each call block as
-    one `tool_calls` delta once it closes (text that may begin a block waits for the next piece).
-    Log probabilities of held text go with the next chunk written."""
+    """A streamed answer's chunks (of choice `index`): text as `content` deltas; with tools offered,
+    each call block as one `tool_calls` delta once it closes (text that may begin a block waits for
+    the next piece). Log probabilities of held text go with the next chunk written."""
 
-    def __init__(self, gen, model: str, tools: bool):
-        self.gen, self.model = gen, model
+    def __init__(self, gen, model: str, tools: bool, index: int = 0):
+        self.gen, self.model, self.index = gen, model, index
         self.calls = CallStream() if tools else None
         self.logprobs: list | None = None
 
@@ -221,19 +238,23 @@ class _StreamedAnswer:
         if logprobs is not None:
             self.logprobs = (self.logprobs or []) + list(logprobs)
         if self.calls is None:
-            yield _chunk(self.gen, self.model, {"content": text}, logprobs=self._take_logprobs())
+            yield _chunk(self.gen, self.model, {"content": text}, logprobs=self._take_logprobs(),
+                         index=self.index)
             return
         for kind, value in self.calls.feed(text):
             if kind == "text":
-                yield _chunk(self.gen, self.model, {"content": value}, logprobs=self._take_logprobs())
+                yield _chunk(self.gen, self.model, {"content": value}, logprobs=self._take_logprobs(),
+                             index=self.index)
             else:
                 call = ToolCallDelta.model_validate({"index": self.calls.calls - 1, **value.to_dict()})
-                yield _chunk(self.gen, self.model, {"tool_calls": [call]}, logprobs=self._take_logprobs())
+                yield _chunk(self.gen, self.model, {"tool_calls": [call]}, logprobs=self._take_logprobs(),
+                             index=self.index)
 
     def end(self, reason: str, boxes):
         held = self.calls.finish() if self.calls is not None else ""
         if held:
-            yield _chunk(self.gen, self.model, {"content": held}, logprobs=self._take_logprobs())
+            yield _chunk(self.gen, self.model, {"content": held}, logprobs=self._take_logprobs(),
+                         index=self.index)
         called = self.calls is not None and self.calls.calls > 0
         yield _chunk(self.gen, self.model, {}, _finish(reason, called), logprobs=self._take_logprobs(),
-                     grounding=boxes)
+                     index=self.index, grounding=boxes)

@@ -19,6 +19,8 @@ from pydantic import BaseModel, Field
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 from .. import protocol
+from . import openapi_peers
+from ..protocol import responses as responses_protocol
 
 OPENAPI_VERSION = "3.1.0"
 SSE = "text/event-stream"
@@ -110,6 +112,9 @@ class Config(BaseModel):
 def _schemas(settings) -> dict:
     models = [protocol.request_model(settings), *protocol.ANSWERS, Health, Ready, Stats, Config]
     modes = [(m, "validation" if i == 0 else "serialization") for i, m in enumerate(models)]
+    modes += openapi_peers.modes(settings)  # Anthropic Messages, Completions, the tokenizer routes
+    modes += [(responses_protocol.responses_model(settings), "validation"),
+              *((m, "serialization") for m in responses_protocol.ANSWERS)]
     _, defs = models_json_schema(modes, ref_template=REF, schema_generator=_OpenAPI31)
     schemas = defs["$defs"]
     schemas["ServerSentEvent"] = {
@@ -128,6 +133,16 @@ def _schemas(settings) -> dict:
                     {"type": "object", "required": ["stage"], "properties": {"stage": {"type": "string"}}}]}}]},
             "event": {"enum": ["message", "vlservice.stage"]},
         },
+    }
+    schemas["ResponseServerSentEvent"] = {
+        "type": "object", "required": ["data"],
+        "description": ("one event of a streamed response: `event` is its type, `data` the JSON `ResponseStreamEvent` "
+                        "(no `[DONE]`: `response.completed`, `response.incomplete` or `response.failed` ends the "
+                        "stream). Comment lines (`: ping`, `: prefill`, ...) keep the connection alive."),
+        "properties": {
+            "event": {"enum": list(responses_protocol.EVENTS)},
+            "data": {"type": "string", "pattern": "^\\{", "contentMediaType": JSON,
+                     "contentSchema": {"$ref": REF.format(model="ResponseStreamEvent")}}},
     }
     return schemas
 
@@ -223,6 +238,55 @@ def _cancel(security: list) -> dict:
     }
 
 
+def _responses(settings, security: list) -> dict:
+    """/v1/responses and /v1/responses/{response_id}."""
+    example = {"model": "qwen3-vl", "max_output_tokens": 8, "temperature": 0, "input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": _example_image_url(), "detail": "low"},
+        {"type": "input_text", "text": "Describe this image."}]}]}
+    response = {"response_id": {"name": "response_id", "in": "path", "required": True,
+                                "schema": {"type": "string", "minLength": 1, "pattern": "^[A-Za-z0-9_-]+$"}}}
+    missing = _error("no stored response with this id in this worker (expired, deleted, made with `store: false`, "
+                     "kept by another worker, or the server restarted)")
+    create = {
+        "operationId": "createResponse", "tags": ["responses"], "security": security,
+        "summary": "Answer about images (OpenAI Responses API: the subset a vision model serves)",
+        "description": "Converted to the chat route's request: the same validation, limits, queue and caches. "
+                       "Answers are kept (unless `store` is false) in this worker's memory, per API key, for "
+                       "`previous_response_id` and GET.",
+        "parameters": _CHAT_PARAMETERS,
+        "requestBody": {"required": True, "content": {JSON: {
+            "schema": {"$ref": REF.format(model="ResponseRequest")},
+            "examples": {"image": {"summary": "one image, one question", "value": example},
+                         "stream": {"summary": "streamed", "value": {**example, "stream": True}}}}}},
+        "responses": {
+            "200": {"description": "the response: JSON, or typed server-sent events when `stream` is true",
+                    "headers": _CHAT_HEADERS,
+                    "content": {JSON: {"schema": {"$ref": REF.format(model="ResponseObject")}},
+                                SSE: {"schema": {"$ref": REF.format(model="ResponseServerSentEvent")}}}},
+            "400": _error("invalid request: a field out of range or of the wrong type, a bad image, an item, part "
+                          "or tool this server does not serve, context length exceeded"),
+            "401": _error(_UNAUTHORIZED),
+            "404": _error("`previous_response_id` names no stored response (`previous_response_not_found`)"),
+            "413": _error(f"the request body is larger than {settings.max_request_bytes} bytes"),
+            "429": _error("the wait queue is full (`server_busy`): retry later", retry_after=True),
+            "499": _error("cancelled before a non-streamed answer was complete"),
+            "503": _error("the model is not ready yet (`not_ready`) or the request waited too long for the model "
+                          "(`queue_timeout`)", retry_after=True),
+        },
+    }
+    one = {"tags": ["responses"], "security": security, "parameters": [response["response_id"]]}
+    return {
+        "/v1/responses": {"post": create},
+        "/v1/responses/{response_id}": {
+            "get": {**one, "operationId": "getResponse", "summary": "A stored response",
+                    "responses": {"200": _json("the response", "ResponseObject"), "401": _error(_UNAUTHORIZED),
+                                  "404": missing}},
+            "delete": {**one, "operationId": "deleteResponse", "summary": "Delete a stored response",
+                       "responses": {"200": _json("deleted", "ResponseDeleted"), "401": _error(_UNAUTHORIZED),
+                                     "404": missing}}},
+    }
+
+
 def _get(security: list, op_id: str, summary: str, ok: dict, tag: str = "operations", keyed: bool = False,
          **more: Any) -> dict:
     """A GET operation; public unless `tag` is an API one or it is `keyed` (then behind the key like
@@ -244,6 +308,8 @@ def _paths(settings) -> dict:
     return {
         "/v1/chat/completions": {"post": _chat(settings, security)},
         "/v1/chat/completions/{id}/cancel": {"post": _cancel(security)},
+        **openapi_peers.paths(settings, security, _UNAUTHORIZED, _CHAT_PARAMETERS, _CHAT_HEADERS),
+        **_responses(settings, security),
         "/v1/models": get("listModels", "The one model served", _json("the model", "ModelList"), tag="models"),
         "/healthz": get("health", "Liveness: the process answers (200 while the model loads too)",
                         _json("alive", "Health")),
@@ -284,7 +350,7 @@ def spec(app) -> dict:
         },
         "paths": _paths(settings),
         "components": {
-            "schemas": _schemas(settings),
+            "schemas": openapi_peers.schemas(_schemas(settings), openapi_peers.vocab_of(app)),
             "securitySchemes": {"bearerAuth": {
                 "type": "http", "scheme": "bearer",
                 "description": ("`Authorization: Bearer <key>` on /v1/* only, and only when the server has API "
@@ -292,5 +358,6 @@ def spec(app) -> dict:
                                 "need it. This server " + ("requires a key." if auth else
                                                             "has no key configured: no authentication is needed."))}},
         },
-        "tags": [{"name": "chat"}, {"name": "models"}, {"name": "operations"}],
+        "tags": [{"name": "chat"}, {"name": "responses"}, {"name": "models"}, {"name": "operations"},
+                 *openapi_peers.TAGS],
     }

@@ -5,7 +5,7 @@ documentation cannot promise what the validator refuses, nor the reverse.
 
 Policy: the parameters we implement are checked strictly (JSON types as JSON Schema reads them:
 5.0 is an integer, "5" is not; out of range is refused, never clamped); OpenAI parameters we
-cannot honour are refused when they ask for something (`n` > 1, `tools`) and accepted when they
+cannot honour are refused when they ask for something (`functions`, `audio`) and accepted when they
 ask for nothing; names OpenAI does not define are ignored, as OpenAI's own API does.
 
 What the models cannot say in JSON Schema is checked in the request model's last step (at most

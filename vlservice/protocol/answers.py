@@ -89,10 +89,12 @@ class ChoiceLogprobs(_Out):
 
 
 class Choice(_Out):
-    index: Literal[0]
+    index: int = Field(ge=0, description="which choice: 0 to `n` - 1")
     message: AssistantReply
     finish_reason: FinishReason
     logprobs: ChoiceLogprobs | None = Field(description="null unless the request set `logprobs`")
+    grounding: "Grounding" = _absent(description=(
+        "extension, with `n` > 1: this choice's boxes and points (the top-level `grounding` is choice 0's)"))
 
 
 class BoxObject(_Out):
@@ -121,8 +123,8 @@ class ChatCompletion(_Out):
     object: Literal["chat.completion"]
     created: int
     model: str
-    choices: list[Choice] = Field(min_length=1, max_length=1)
-    usage: Usage
+    choices: list[Choice] = Field(min_length=1, description="`n` choices, in order of `index`")
+    usage: Usage = Field(description="the prompt counted once, the completion tokens of every choice")
     timings: Timings
     system_fingerprint: str = _absent()
     grounding: Grounding = _absent()
@@ -141,14 +143,15 @@ class Delta(_Out):
 
 
 class ChunkChoice(_Out):
-    index: Literal[0]
+    index: int = Field(ge=0, description="the choice this chunk continues (0 to `n` - 1)")
     delta: Delta
     finish_reason: FinishReason | None
     logprobs: ChoiceLogprobs | None = Field(description="with `logprobs`: the entries of this chunk's tokens")
 
 
 class ChatCompletionChunk(_Out):
-    """One `data:` event of a streamed answer; the one with `finish_reason` carries `grounding` (when the
+    """One `data:` event of a streamed answer, for one choice (its `index`; with `n` > 1 the choices'
+    chunks interleave); the one with `finish_reason` carries that choice's `grounding` (when its
     answer holds boxes or points); the last one (with `stream_options.include_usage`) has empty
     `choices`, `usage` and `timings`."""
 
@@ -201,5 +204,7 @@ class ModelList(_Out):
     object: Literal["list"]
     data: list[Model]
 
+
+Choice.model_rebuild()  # `grounding` names a model defined after it
 
 ANSWERS = (ChatCompletion, ChatCompletionChunk, Error, ChatCompletionCancel, ModelList)

@@ -126,7 +126,7 @@ def parse_chat(body, settings: Settings, defaults: dict | None = None, fetch_rem
                          for c in getattr(m, "tool_calls", None) or []])
                 for i, m in enumerate(r.messages)]
     so = r.stream_options or StreamOptions()
-    request = ChatRequest(messages=messages, sampling=sampling, result_cache=r.result_cache,
+    request = ChatRequest(messages=messages, sampling=sampling, result_cache=r.result_cache, choices=r.n or 1,
                           tools=tools_for_template(r))
     return request, {"stream": r.stream, "include_usage": so.include_usage, "include_stages": so.include_stages,
                      "model": r.model, "tools": offered(r)}

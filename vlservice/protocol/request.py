@@ -173,7 +173,10 @@ def request_model(settings: Settings) -> type[BaseModel]:
                                                      "requests")
         user: str | None = Field(None, max_length=256, description="an id of the end user (OpenAI); the session "
                                                                   "key when no X-Session-Id header is sent")
-        n: int | None = Field(1, ge=1, le=1, description="only 1 is supported")
+        n: int | None = Field(1, ge=1, json_schema_extra={"maximum": settings.max_batch}, description=(
+            f"how many choices to answer, at most {settings.max_batch} (VL_MAX_BATCH: each takes a batch slot): one "
+            "prefill, then the choices decoded together; with a `seed`, choice i is what the same request alone "
+            "with `seed` + i answers (wrapped into the 64-bit range)"))
         logprobs: bool | None = Field(None, description=(
             "true: each answer token's log probability in `choices[].logprobs.content` (streamed: in each chunk, "
             "for the chunk's tokens), from the distribution the token was drawn from (the logits after the "
@@ -215,6 +218,10 @@ def request_model(settings: Settings) -> type[BaseModel]:
             _check_counts(self, settings)
             _check_media(self, settings)
             check_tools(self)
+            if self.n is not None and self.n > settings.max_batch:
+                raise PydanticCustomError("invalid_value", f"`n` must be between 1 and {settings.max_batch} (each choice "
+                                          f"takes one of the {settings.max_batch} batch slots, VL_MAX_BATCH), got "
+                                          f"{self.n}", {"param": "n"})
             if self.top_logprobs and not self.logprobs:
                 raise PydanticCustomError("invalid_value", "`top_logprobs` needs `logprobs` set to true",
                                           {"param": "top_logprobs"})

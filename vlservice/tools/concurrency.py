@@ -149,7 +149,7 @@ def measure(args, model_dir: Path, out: Path) -> dict:
 
     llms = [q for q in args.llm.split(",")]
     report: dict = {"levels": levels, "tokens": args.tokens, "stagger_s": args.stagger, "runs": {}, "scenarios": {},
-                    "single": {}, "peak_rss_mb": {}, "peers": {}}
+                    "single": {}, "peak_rss_mb": {}, "peak_pss_mb": {}, "peers": {}}
     if "float32" in llms:
         # The float32 LLM before prepacking (plain nn.Linear on MKL), one stream at a time: the baseline
         # for what prepacked weights buy a lone user.
@@ -163,14 +163,21 @@ def measure(args, model_dir: Path, out: Path) -> dict:
         finally:
             server.stop()
     for llm in llms:
+        if llm == "int4":  # the graph's build on the first start (made here if need be, timed either way)
+            from ..config import Settings
+            from ..engine.ortdecode import ensure_decoder
+
+            path, _ = ensure_decoder(model_dir, Settings.from_env().cache_path)
+            report["int4_build_s"] = round(json.loads((path.parent / "build.json").read_text())["seconds"], 1)
         peers: list = []
         try:
             for kind in args.peer:  # all up at once (idle while another answers), so every level interleaves
-                peer, peer_name = _start_peer(args, kind, model_dir, llm, batch, out, report, photo)
-                if peer is not None:
-                    peers.append((peer, peer_name))
-                    report["peers"][peer_name] = {"kind": kind, "peer_of": llm,
-                                                  "weights": _peer_module(kind).WEIGHTS[llm]}
+                for pipeline in args.openvino_pipeline.split(",") if kind == "openvino" else [""]:
+                    peer, peer_name = _start_peer(args, kind, model_dir, llm, batch, out, report, photo, pipeline)
+                    if peer is not None:
+                        peers.append((peer, peer_name))
+                        report["peers"][peer_name] = {"kind": kind, "peer_of": llm,
+                                                      "weights": _peer_module(kind).WEIGHTS[llm]}
             for max_batch in sorted({1, batch}):
                 _measure_ours(report, model_dir, llm, max_batch, batch, levels, photo, doc_size, args, out,
                               peers if max_batch == batch else [])
@@ -178,6 +185,7 @@ def measure(args, model_dir: Path, out: Path) -> dict:
                 report["single"][peer_name] = singles(peer.url, photo, args.tokens, PEER_BODY)
                 log.info("%s, one stream: %s", peer_name, report["single"][peer_name])
                 report["peak_rss_mb"][peer_name] = peer.peak_rss_mb()
+                report["peak_pss_mb"][peer_name] = peer.peak_pss_mb()
         finally:
             for peer, _ in peers:
                 peer.stop()
@@ -193,7 +201,8 @@ def _peer_module(kind: str):
 PEER_BODY = {"ignore_eos": True}  # llama-server's way to force the token count (ours: min_tokens)
 
 
-def _start_peer(args, kind: str, model_dir: Path, llm: str, batch: int, out: Path, report: dict, photo) -> tuple:
+def _start_peer(args, kind: str, model_dir: Path, llm: str, batch: int, out: Path, report: dict, photo,
+                pipeline: str = "") -> tuple:
     """(the peer server beside our `llm`, up and past its first request, its name), or (None, None) when
     the peer has no weights of that kind: llama-server with `batch` slots, or OpenVINO GenAI (continuous
     batching over `batch` sequences, or VLMPipeline one request at a time), up beside ours: the same
@@ -203,7 +212,6 @@ def _start_peer(args, kind: str, model_dir: Path, llm: str, batch: int, out: Pat
     settings = Settings.from_env()  # the same cache and thread count as ours
     peer_module = _peer_module(kind)
     if kind == "openvino":
-        pipeline = args.openvino_pipeline
         name = "OpenVINO {} " + (f"continuous batching x{batch}" if pipeline == "cb" else "VLMPipeline, one at a time")
         kwargs: dict = {"pipeline": pipeline}
     else:
@@ -213,7 +221,7 @@ def _start_peer(args, kind: str, model_dir: Path, llm: str, batch: int, out: Pat
         return None, None
     peer_name = name.format(peer_module.LLM_TYPES[llm])
     peer = peer_module.start_peer(model_dir, settings.cache_path, llm, batch, settings.num_threads,
-                                  out / f"{kind}-server-{llm}.log", **kwargs)
+                                  out / f"{kind}{'-' + pipeline if pipeline else ''}-server-{llm}.log", **kwargs)
     peer.wait_ready()
     run_clients(peer.url, [(photo(), "Describe this image.")], 0, 4, PEER_BODY)
     if hasattr(peer, "health"):  # OpenVINO compiles at its first request: reported apart
@@ -255,6 +263,7 @@ def _measure_ours(report, model_dir, llm, max_batch, batch, levels, photo, doc_s
             report["scenarios"][llm] = scenarios(server.url, photo, doc_size, args)
             log.info("%s scenarios: %s", name, report["scenarios"][llm])
         report["peak_rss_mb"][name] = server.peak_rss_mb()
+        report["peak_pss_mb"][name] = server.peak_pss_mb()
     finally:
         server.stop()
 
@@ -300,33 +309,53 @@ def scenarios(url: str, photo, doc_size, args) -> dict:
             "ttft_ratio": round(beside / lone["ttft_s"], 2),
             "doc_ttft_s": round(docr["ttft_s"], 2),
             "stream_max_gap_during_doc_s": round(max(during), 2) if during else None,
-            "stream_median_gap_during_doc_s": round(statistics.median(during), 3) if during else None}
+            "stream_median_gap_during_doc_s": round(statistics.median(during), 3) if during else None,
+            **choices(url, photo, args.tokens, min(4, max(int(x) for x in args.concurrency.split(","))))}
+
+
+def choices(url: str, photo, tokens: int, n: int = 4, runs: int = 3) -> dict:
+    """One request for `n` choices (one prefill, the choices decoded together) beside one for a
+    single answer, the same forced length, sampled, a new photo each, alternating: the whole
+    answer's time (request sent to the last chunk), medians of `runs`."""
+    times: dict = {1: [], n: []}
+    for i in range(runs):
+        for k in (1, n):
+            t0 = time.perf_counter()
+            r = stream(url, photo(), "Describe this image.", tokens, t0,
+                       extra={"n": k, "temperature": 0.8, "seed": 100 + i})
+            times[k].append(r["stamps"][-1] - r["start"])
+    one, many = statistics.median(times[1]), statistics.median(times[n])
+    return {"choices_n": n, "choices_answer_s": round(many, 2), "choices_1_answer_s": round(one, 2),
+            "choices_ratio": round(many / one, 2)}
 
 
 OURS_WEIGHTS = {"float32": "float32 LLM (prepacked), INT8 vision encoder",
                 "int8": "INT8 LLM (per-row scales), INT8 vision encoder",
-                "int4": "4-bit decoder (ONNX Runtime MatMulNBits, blocks of 128 on the real size), INT8 prompt, "
+                "int4": "4-bit LLM, prompt and answer (ONNX Runtime MatMulNBits, blocks of 128 on the real size), "
                         "INT8 vision encoder"}
 
 
 def peer_table(report: dict) -> list:
     """One table, ours and each peer beside it: weights, one stream (first token, decode rate, answers),
-    the widest level's streams (aggregate and longest gap), the largest process's peak RSS."""
+    the widest level's streams (aggregate and longest gap), the largest process's peak RSS and the
+    whole server's peak PSS (ours: the one-stream server, VL_MAX_BATCH=1, beside a peer that served
+    the same requests; the widest level's server in the RSS column)."""
     batch = max(report["levels"])
     answers = [k for k in ANSWER_TOKENS if k <= report["tokens"]]
     headers = ["server", "weights", "first token s", "decode tok/s", *(f"{k}-token answer s" for k in answers),
-               f"{batch} streams: aggregate tok/s", f"{batch} streams: longest gap s", "peak RSS MB"]
+               f"{batch} streams: aggregate tok/s", f"{batch} streams: longest gap s", "peak RSS MB",
+               "peak PSS MB, whole server"]
     table = []
     for llm in dict.fromkeys(p["peer_of"] for p in report["peers"].values()):
         rows = [(f"vlservice {llm}", OURS_WEIGHTS.get(llm, llm), "float32 prepacked" if llm == "float32" else llm,
-                 f"{llm} VL_MAX_BATCH={batch}")]
-        rows += [(name, p["weights"], name, name) for name, p in report["peers"].items() if p["peer_of"] == llm]
-        for label, weights, single_key, run_key in rows:
+                 f"{llm} VL_MAX_BATCH={batch}", f"{llm} VL_MAX_BATCH=1")]
+        rows += [(name, p["weights"], name, name, name) for name, p in report["peers"].items() if p["peer_of"] == llm]
+        for label, weights, single_key, run_key, pss_key in rows:
             one = report["single"].get(single_key, {})
             level = report["runs"].get(run_key, {}).get("levels", {}).get(str(batch), {})
             cells = [one.get("ttft_s", ""), one.get("decode_tps", ""), *(one.get(f"answer_{k}_s", "") for k in answers),
                      level.get("aggregate_tps", ""), level.get("max_gap_s", ""),
-                     report.get("peak_rss_mb", {}).get(run_key, "")]
+                     report.get("peak_rss_mb", {}).get(run_key, ""), report.get("peak_pss_mb", {}).get(pss_key, "")]
             table.append([label, weights, *cells])
     return md_table(headers, table)
 
@@ -380,6 +409,13 @@ def markdown(report: dict) -> str:
                                 [[llm, s["lone_ttft_s"], s["ttft_beside_three_streams_s"], f"{s['ttft_ratio']}x",
                                   s["doc_ttft_s"], s["stream_max_gap_during_doc_s"], s["stream_median_gap_during_doc_s"]]
                                  for llm, s in report["scenarios"].items()])]
+        lines += ["", *md_table(["LLM", "one answer s", "several choices (`n`) s", "ratio"],
+                                [[llm, s.get("choices_1_answer_s", ""),
+                                  f"{s.get('choices_answer_s', '')} (n = {s.get('choices_n', '')})",
+                                  f"{s['choices_ratio']}x" if "choices_ratio" in s else ""]
+                                 for llm, s in report["scenarios"].items()])]
+    if report.get("int4_build_s") is not None:
+        lines += ["", f"The int4 graph's build on the first start: {report['int4_build_s']} s."]
     return "\n".join(lines) + "\n"
 
 
@@ -430,6 +466,14 @@ def _openvino_env() -> int:
 PEERS = ("llama.cpp", "openvino")
 
 
+def _pipelines(text: str) -> str:
+    """`--openvino-pipeline`'s value: cb, vlm or both, comma-separated."""
+    kinds = list(dict.fromkeys(k.strip() for k in text.split(",") if k.strip()))
+    if not kinds or any(k not in ("cb", "vlm") for k in kinds):
+        raise argparse.ArgumentTypeError(f"expected cb, vlm or cb,vlm, got {text!r}")
+    return ",".join(kinds)
+
+
 def _peers(text: str) -> list:
     """`--peer`'s value: known peers, in the order given, each once."""
     kinds = list(dict.fromkeys(k.strip() for k in text.split(",") if k.strip()))
@@ -456,9 +500,9 @@ def main(argv=None) -> int:
                     "and `pip install sentencepiece`; see vlservice/tools/peer.py), or OpenVINO GenAI on the same "
                     "checkpoint exported with optimum-intel (int8 beside int8, int4 beside int4; its own tool "
                     "environment under VL_CACHE_DIR/openvino; see vlservice/tools/openvino_peer.py)")
-    ap.add_argument("--openvino-pipeline", choices=["cb", "vlm"], default="cb",
-                    help="with --peer openvino: ContinuousBatchingPipeline (as OpenVINO Model Server serves a VLM) "
-                    "or VLMPipeline (one request at a time)")
+    ap.add_argument("--openvino-pipeline", type=_pipelines, default="cb",
+                    help="with --peer openvino: cb, ContinuousBatchingPipeline (as OpenVINO Model Server serves a "
+                    "VLM), vlm, VLMPipeline (one request at a time), or both (cb,vlm: two peers)")
     args = ap.parse_args(argv)
     if "llama.cpp" in args.peer:
         from .peer import missing

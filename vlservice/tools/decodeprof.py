@@ -121,15 +121,15 @@ def parts(lean, batch: int, reps: int) -> dict:
     return {k: round(v, 2) for k, v in out.items()}
 
 
-def ort_parts(split, path: Path, threads: int, batch: int, reps: int) -> dict:
-    """int4 (`ortdecode.SplitLM`): the decode call timed as `parts` times the lean step; the
+def ort_parts(lm, path: Path, threads: int, batch: int, reps: int) -> dict:
+    """int4 (`ortdecode.OrtLM`): the decode call timed as `parts` times the lean step; the
     products (MatMulNBits) and attention (GroupQueryAttention) as their shares of the node time in
     ONNX Runtime's own profile of the same graph on the same caches (a second session, profiling
     on; per-run means), applied to that step."""
     from ..engine.lm import SeqPos
-    from ..engine.ortdecode import OrtDecoder
+    from ..engine.ortdecode import OrtLM
 
-    kvs = _filled_kvs(split, batch, CONTEXT)
+    kvs = _filled_kvs(lm, batch, CONTEXT)
     pos = [SeqPos(next_pos=CONTEXT) for _ in range(batch)]
     tokens = [100 + i for i in range(batch)]
 
@@ -141,9 +141,9 @@ def ort_parts(split, path: Path, threads: int, batch: int, reps: int) -> dict:
                 p.next_pos = CONTEXT
         return run
 
-    step_ms = _median_ms(stepper(split.decoder), reps)
-    split.decoder.release_all()
-    profiled = OrtDecoder(path, split.embed, threads, profile=True)
+    step_ms = _median_ms(stepper(lm), reps)
+    lm.release_all()
+    profiled = OrtLM(path, lm.embed, lm.text_config, threads, profile=True)
     _median_ms(stepper(profiled), reps)
     profiled.release_all()
     ops = _profile_ops(profiled.session.end_profiling(), skip=2)

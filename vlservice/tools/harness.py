@@ -45,6 +45,29 @@ class Server:
         self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "wsgi:app"],
                                      cwd=ROOT, env=full, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
+        self.watch_pss()
+
+    def watch_pss(self, interval: float = 0.5) -> None:
+        """Sample the whole process tree's PSS (each page shared by several processes counted once,
+        in shares) every `interval` s from now until `stop()`: what the server costs the machine,
+        the same measure for every server (`peak_pss_mb`)."""
+        import threading
+
+        self._pss_peak = 0.0
+        self._pss_stop = threading.Event()
+
+        def run():
+            while not self._pss_stop.wait(interval):
+                total = tree_pss_mb(self.proc.pid)
+                if total is None:
+                    return
+                self._pss_peak = max(self._pss_peak, total)
+
+        threading.Thread(target=run, name="pss-sampler", daemon=True).start()
+
+    def peak_pss_mb(self) -> float | None:
+        """The peak of the whole process tree's PSS sampled so far, MB."""
+        return round(self._pss_peak, 0) if getattr(self, "_pss_peak", 0) else None
 
     def wait_ready(self, timeout: float = 1800) -> None:
         import requests
@@ -80,6 +103,8 @@ class Server:
         return round(max(peaks), 0) if peaks else None
 
     def stop(self) -> None:
+        if hasattr(self, "_pss_stop"):
+            self._pss_stop.set()
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(60)
@@ -88,6 +113,25 @@ class Server:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.log.close()
+
+
+def tree_pss_mb(pid: int) -> float | None:
+    """The PSS of `pid` and all its descendants, MB (from /proc/<pid>/smaps_rollup); None once `pid`
+    has exited."""
+    import psutil
+
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return None
+    total = 0
+    for p in procs:
+        try:
+            with open(f"/proc/{p.pid}/smaps_rollup") as f:
+                total += sum(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+        except OSError:
+            continue
+    return total / 1024
 
 
 def sse_chunks(response):

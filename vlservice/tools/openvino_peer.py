@@ -194,6 +194,7 @@ class OpenVinoServer(Server):
              "--parallel", str(parallel), "--threads", str(threads), "--pipeline", pipeline,
              "--cache-gb", str(cache_gb)],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.watch_pss()
 
     def health(self) -> dict:
         """The server's load time and, once it has answered one, its first request's times (compile included)."""

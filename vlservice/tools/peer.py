@@ -127,6 +127,7 @@ class LlamaServer(Server):
              "-np", str(parallel), "-c", str(ctx_per_slot * parallel), "-t", str(threads), "-tb", str(threads),
              "--no-webui", "--cache-ram", "0"],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.watch_pss()
 
 
 def start_peer(model_dir: Path, cache_dir: Path, llm: str, parallel: int, threads: int, log_path: Path,
