@@ -263,3 +263,19 @@ def test_bench_structured_runs_the_openai_helpers_through_the_server(tmp_path, c
     for row in report["results"].values():
         assert row["requests"] == 1 and row["valid_of_finished"] == row["finished"]
         assert row["finished"] + row["cut_by_max_tokens"] == 1
+
+
+def test_bench_prefill_quick_times_a_photo_prompt_in_both_runners(tmp_path, cache_dir):
+    """`bench --prefill`: one image-shaped prompt through the int4 graph and the INT8 LLM, the CPU
+    and the command named, JSON and Markdown written."""
+    out = tmp_path / "prefill"
+    env = {**os.environ, "VL_CACHE_DIR": str(cache_dir), "VL_THREADS": "2", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "vlservice", "bench", "--prefill", "--quick", "--tokens", "40",
+                           "--reps", "1", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "prefill.json").read_text())
+    assert report["cpu"]["model"] and report["command"].startswith("python -m vlservice bench --prefill")
+    assert len(report["prefill_s"]) == 2 and all(s > 0 for s in report["prefill_s"].values())
+    md = (out / "prefill.md").read_text()
+    assert all(name in md for name in report["prefill_s"]) and report["cpu"]["model"] in md

@@ -32,8 +32,8 @@ from ..protocol.anthropic import (AnthropicError, AnthropicErrorDetail, Anthropi
 from ..protocol.answers import answer
 from ..protocol.completions import validate
 from .appstate import current
-from .completions import admit, count_requests, read_json, stream_closed
-from .disconnect import cancel_on_disconnect, watch_stream
+from .common import admit, count_requests, read_json, request_headers, sse_response
+from .disconnect import cancel_on_disconnect
 from .openai import PING_EVERY_S
 
 bp = Blueprint("anthropic", __name__)
@@ -96,13 +96,9 @@ def messages():
         with cancel_on_disconnect(req, request.environ):
             gen = ctx.service.submit(req)
     model = ctx.service.model_name
-    headers = {"X-Request-Id": gen.id, "X-Queue-Position": str(gen.queue_position)}
+    headers = request_headers(gen)
     if r.stream:
-        sse = _sse(gen, model, opts["tools"], record)
-        response = Response(watch_stream(gen, request.environ, sse), mimetype="text/event-stream",
-                            headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        response.call_on_close(lambda: stream_closed(gen, record))
-        return response
+        return sse_response(gen, _sse(gen, model, opts["tools"], record), record)
     with cancel_on_disconnect(gen, request.environ):
         result = record.result = gen.result()
     blocks = _Blocks(opts["tools"])

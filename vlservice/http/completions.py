@@ -13,58 +13,22 @@ import uuid
 
 from flask import Blueprint, Response, g, request
 
-from ..errors import APIError, InvalidRequest
-from ..protocol import load_body, parse_chat
+from ..errors import APIError
+from ..protocol import parse_chat
 from ..protocol.answers import Usage, answer
 from ..protocol.completions import (Completion, CompletionChoice, CompletionLogprobs, chat_body, completion_model,
                                     explain, rename, validate)
 from .appstate import current
-from .disconnect import cancel_on_disconnect, watch_stream
-from .openai import PING_EVERY_S, _check_length, _read_body
-from .session import session_key
+from .common import admit, count_requests, read_json, request_headers, sse_response
+from .disconnect import cancel_on_disconnect
+from .openai import PING_EVERY_S
 
 bp = Blueprint("completions", __name__)
-
-
-def read_json():
-    """The request body's JSON (413 over the limit, 400 not JSON), as the chat route reads it."""
-    _check_length()
-    if not request.is_json:
-        raise InvalidRequest("the request body must be valid JSON (Content-Type: application/json)",
-                             code="invalid_json")
-    return load_body(_read_body())
-
-
-def admit(req, body: dict) -> None:
-    """What the chat route sets from the HTTP request: session key, tenant, queue priority."""
-    ctx = current()
-    session_key(body)  # echoed in the answer's X-Session-Id header
-    req.tenant = g.get("tenant", "")
-    priority = request.headers.get("X-Request-Priority", "default")
-    if ctx.priority_allowed(req.tenant):
-        req.priority = priority if priority in ("interactive", "default", "batch") else "default"
-
-
-def count_requests(endpoint: str, response: Response) -> Response:
-    """Counts a generating request once in the chat metrics, by the status its answer ends with (a
-    stream counts itself when it ends), as `openai._count_chat` does for chat."""
-    if request.endpoint != endpoint or request.method != "POST":
-        return response
-    record = g.pop("chat_record", None) or current().metrics.chat_started()
-    if not response.is_streamed:
-        record.finish(response.status_code)
-    return response
 
 
 @bp.after_app_request
 def _count(response: Response) -> Response:
     return count_requests(f"{bp.name}.completions", response)
-
-
-def stream_closed(gen, record) -> None:
-    """A stream's response is closed: nobody is left to generate for (no-op once finished)."""
-    gen.cancel()
-    record.finish(499)
 
 
 @bp.post("/v1/completions")
@@ -84,14 +48,10 @@ def completions():
         exc.message, exc.param = exc.message.replace(f"`{exc.param}`", f"`{rename(exc.param)}`"), rename(exc.param)
         raise
     model = ctx.service.model_name
-    headers = {"X-Request-Id": gen.id, "X-Queue-Position": str(gen.queue_position)}
+    headers = request_headers(gen)
     if r.stream:
         usage = bool(r.stream_options and r.stream_options.include_usage)
-        response = Response(watch_stream(gen, request.environ, _sse(gen, model, usage, record)),
-                            mimetype="text/event-stream",
-                            headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        response.call_on_close(lambda: stream_closed(gen, record))
-        return response
+        return sse_response(gen, _sse(gen, model, usage, record), record)
     with cancel_on_disconnect(gen, request.environ):
         result = record.result = gen.result()
     choices = [CompletionChoice(index=c["index"], text=c["text"], finish_reason=c["finish_reason"],

@@ -10,18 +10,17 @@ import json
 import time
 
 from flask import Blueprint, Response, g, request
-from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..engine.grounding import GroundingParser, grounding, parse
-from ..errors import InvalidRequest, NotFound, brief
+from ..errors import NotFound, brief
 from ..engine.toolcalls import CallStream, split_calls
-from ..protocol import load_body, parse_chat
+from ..protocol import parse_chat
 from ..protocol.answers import (AssistantReply, ChatCompletion, ChatCompletionCancel, ChatCompletionChunk, Choice,
                                 ChoiceLogprobs, ChunkChoice, Delta, Grounding, Model, ModelList, ToolCall,
                                 ToolCallDelta, answer)
 from .appstate import current
-from .disconnect import cancel_on_disconnect, watch_stream
-from .session import session_key
+from .common import admit, count_requests, read_json, request_headers, sse_response
+from .disconnect import cancel_on_disconnect
 
 bp = Blueprint("api", __name__)
 
@@ -53,41 +52,24 @@ def _count_chat(response: Response) -> Response:
     """Counts a chat request once, by the status its answer ends with: here a JSON answer or an
     error (raised in the route, or before it ran: a refused API key); a stream counts itself when
     it ends. The cancel and models endpoints are not chat requests."""
-    if request.endpoint != f"{bp.name}.chat_completions" or request.method != "POST":
-        return response
-    record = g.pop("chat_record", None) or current().metrics.chat_started()
-    if not response.is_streamed:
-        record.finish(response.status_code)
-    return response
+    return count_requests(f"{bp.name}.chat_completions", response)
 
 
 @bp.post("/v1/chat/completions")
 def chat_completions():
     ctx = current()
     record = g.chat_record = ctx.metrics.chat_started()
-    _check_length()
-    if not request.is_json:
-        raise InvalidRequest("the request body must be valid JSON (Content-Type: application/json)",
-                             code="invalid_json")
-    body = load_body(_read_body())
+    body = read_json()
     req, opts = parse_chat(body, ctx.settings, ctx.service.generation_defaults, ctx.fetch_remote)
-    session_key(body)  # echoed in the answer's X-Session-Id header
-    req.tenant = g.get("tenant", "")
-    priority = request.headers.get("X-Request-Priority", "default")
-    if ctx.priority_allowed(req.tenant):
-        req.priority = priority if priority in ("interactive", "default", "batch") else "default"
+    admit(req, body)
     t0 = time.perf_counter()
     with cancel_on_disconnect(req, request.environ):  # a client that leaves stops its media's decoding
         gen = ctx.service.submit(req)
     model = ctx.service.model_name
-    headers = {"X-Request-Id": gen.id, "X-Queue-Position": str(gen.queue_position)}
+    headers = request_headers(gen)
     if opts["stream"]:
-        sse = _sse(gen, model, opts["include_usage"], record, t0, opts["include_stages"], opts["tools"])
-        response = Response(watch_stream(gen, request.environ, sse),
-                            mimetype="text/event-stream",
-                            headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        response.call_on_close(lambda: _stream_closed(gen, record))
-        return response
+        return sse_response(gen, _sse(gen, model, opts["include_usage"], record, t0, opts["include_stages"],
+                                      opts["tools"]), record)
     with cancel_on_disconnect(gen, request.environ):
         result = record.result = gen.result()
     several = len(result["choices"]) > 1
@@ -133,25 +115,6 @@ def _finish(reason: str, called: bool) -> str:
     return "tool_calls" if called and reason == "stop" else reason
 
 
-def _check_length() -> None:
-    """A `Content-Length` over the limit: a 413 from the header alone, before anything is read
-    (werkzeug would hand the route an empty body)."""
-    limit = request.max_content_length
-    if limit is not None and (request.content_length or 0) > limit:
-        raise RequestEntityTooLarge()
-
-
-def _read_body() -> bytes:
-    """The request body, at most `MAX_CONTENT_LENGTH` bytes, else a 413 (http/errors.py). Werkzeug
-    refuses a larger Content-Length, but a chunked body (no Content-Length) it cuts at the limit
-    without a word, so a body over the limit became a JSON error (400) from its first part."""
-    limit = request.max_content_length
-    data = request.get_data(cache=False)
-    if limit is not None and len(data) >= limit and request.input_stream.read(1):
-        raise RequestEntityTooLarge()
-    return data
-
-
 def _logprobs(entries) -> ChoiceLogprobs | None:
     """A choice's `logprobs` (OpenAI's shape), or None when the request did not ask."""
     return None if entries is None else ChoiceLogprobs(content=entries, refusal=None)
@@ -175,13 +138,6 @@ def _stage(stage: str, named: bool, **data) -> str:
     if not named:
         return comment
     return comment + f"event: {STAGE_EVENT}\ndata: " + json.dumps({"stage": stage, **data}) + "\n\n"
-
-
-def _stream_closed(gen, record) -> None:
-    """A stream's response is closed (the WSGI server always does, however it ended, even before
-    the first chunk): a client gone before the last event leaves nobody to generate for."""
-    gen.cancel()  # no-op when finished
-    record.finish(499)  # no-op when the stream counted its end
 
 
 def _sse(gen, model, include_usage, record, t0, include_stages=False, tools=False):

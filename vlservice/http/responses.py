@@ -19,17 +19,17 @@ from pydantic import ValidationError
 from ..config import Settings
 from ..engine.toolcalls import CallStream
 from ..errors import APIError, InvalidRequest, NotFound, brief
-from ..protocol import load_body, parse_chat
+from ..protocol import parse_chat
 from ..protocol.answers import answer
 from ..protocol.errors import _explain
 from ..protocol.parse import check_tree
 from ..protocol.responses import (Origins, ResponseDeleted, ResponseObject, chat_body, echo_format, echo_tools,
                                   explain, items_of, responses_model)
 from .appstate import current
-from .disconnect import cancel_on_disconnect, watch_stream
-from .openai import PING_EVERY_S, _check_length, _read_body
+from .common import admit, count_requests, read_json, request_headers, sse_response
+from .disconnect import cancel_on_disconnect
+from .openai import PING_EVERY_S
 from .response_store import ChainBroken, ResponseStore, Stored
-from .session import session_key
 
 bp = Blueprint("responses", __name__)
 STORE = "vlservice.responses"  # the app's extension: this worker's ResponseStore
@@ -47,14 +47,8 @@ def _store() -> ResponseStore:
 
 @bp.after_app_request
 def _count(response: Response) -> Response:
-    """Counted in the chat metrics like a chat request, once, by the status it ends with (a stream
-    counts itself at its end)."""
-    if request.endpoint != f"{bp.name}.create" or request.method != "POST":
-        return response
-    record = g.pop("responses_record", None) or current().metrics.chat_started()
-    if not response.is_streamed:
-        record.finish(response.status_code)
-    return response
+    """Counted in the chat metrics like a chat request (`common.count_requests`)."""
+    return count_requests(f"{bp.name}.create", response)
 
 
 def _parse(body, settings: Settings):
@@ -94,12 +88,8 @@ def _earlier(tenant: str, previous_id: str) -> list[dict]:
 @bp.post("/v1/responses")
 def create():
     ctx = current()
-    record = g.responses_record = ctx.metrics.chat_started()
-    _check_length()
-    if not request.is_json:
-        raise InvalidRequest("the request body must be valid JSON (Content-Type: application/json)",
-                             code="invalid_json")
-    body = load_body(_read_body())
+    record = g.chat_record = ctx.metrics.chat_started()
+    body = read_json()
     r = _parse(body, ctx.settings)
     tenant = g.get("tenant", "")
     earlier = _earlier(tenant, r.previous_response_id) if r.previous_response_id is not None else []
@@ -109,25 +99,16 @@ def create():
         req, opts = parse_chat(chat, ctx.settings, ctx.service.generation_defaults, ctx.fetch_remote)
     except APIError as exc:
         raise _renamed(exc, origins) from None
-    session_key(body)
-    req.tenant = tenant
+    admit(req, body, tenant)
     req.id = "resp_" + uuid.uuid4().hex[:24]
-    priority = request.headers.get("X-Request-Priority", "default")
-    if ctx.priority_allowed(tenant):
-        req.priority = priority if priority in ("interactive", "default", "batch") else "default"
     try:
         with cancel_on_disconnect(req, request.environ):  # a client that leaves stops its media's decoding
             gen = ctx.service.submit(req)
     except APIError as exc:
         raise _renamed(exc, origins) from None
     answer_of = _Answer(r, gen, ctx.service.model_name, req.sampling, opts["tools"], items, tenant, _store())
-    headers = {"X-Request-Id": gen.id, "X-Queue-Position": str(gen.queue_position)}
     if r.stream:
-        response = Response(watch_stream(gen, request.environ, _sse(gen, answer_of, record, origins)),
-                            mimetype="text/event-stream",
-                            headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        response.call_on_close(lambda: (gen.cancel(), record.finish(499)))
-        return response
+        return sse_response(gen, _sse(gen, answer_of, record, origins), record)
     try:
         with cancel_on_disconnect(gen, request.environ):
             result = record.result = gen.result()
@@ -136,7 +117,7 @@ def create():
     out = answer_of.output()
     out.feed(result["text"])
     out.end(result["finish_reason"])
-    return _json(answer_of.finish(out, result))
+    return _json(answer_of.finish(out, result), request_headers(gen))
 
 
 @bp.get("/v1/responses/<response_id>")
@@ -155,8 +136,8 @@ def delete(response_id: str):
     return _json(ResponseDeleted(id=response_id, object="response.deleted", deleted=True))
 
 
-def _json(model) -> Response:
-    return Response(answer(model), mimetype="application/json")
+def _json(model, headers: dict | None = None) -> Response:
+    return Response(answer(model), mimetype="application/json", headers=headers)
 
 
 class _Answer:

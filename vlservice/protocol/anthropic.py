@@ -19,7 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from ..config import Settings
 from .answers import Timings, _absent, _Out
-from .base import INTEGERS, MAX_STOP, MAX_STOP_CHARS, _In, _tagged
+from .base import MAX_STOP, MAX_STOP_CHARS, _In, _IntegralIn, _tagged
 from .errors import _explain
 from .tools import NAME
 
@@ -179,7 +179,7 @@ def _check_messages(r) -> None:
                      "(prefilling) an assistant message is not served")
 
 
-class _CountFields(_In):
+class _CountFields(_IntegralIn):
     """What `count_tokens` and `messages` share: the conversation, the system prompt, the tools."""
 
     model: str | None = Field(None, description="accepted and ignored: this server serves one model")
@@ -235,15 +235,6 @@ def messages_model(settings: Settings) -> type[BaseModel]:
             "(not beside a forced tool call: one grammar per answer)"))
         result_cache: bool = Field(True, description="extension: false bypasses the cache of identical greedy "
                                                      "requests")
-
-        @model_validator(mode="before")
-        @classmethod
-        def _integral(cls, body):
-            """JSON Schema counts 5.0 as an integer, so the validator does too (5.5 stays refused)."""
-            if isinstance(body, dict):
-                return {k: int(v) if k in INTEGERS and isinstance(v, float) and v.is_integer() else v
-                        for k, v in body.items()}
-            return body
 
     return MessagesRequest
 

@@ -1,9 +1,9 @@
 """What every request model shares: strict JSON types, tagged unions, the server-wide constants."""
 
 import re
-from typing import Annotated, Union
+from typing import Annotated, ClassVar, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Tag, model_validator
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 DETAILS = ("low", "auto", "high")
@@ -29,6 +29,21 @@ class _In(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False,
                               json_schema_extra={"additionalProperties": True})
+
+
+class _IntegralIn(_In):
+    """A request object whose top-level integer fields (`INTEGER_FIELDS`) take 5.0 as 5: JSON Schema
+    counts 5.0 as an integer, so the validator does too (5.5 stays refused)."""
+
+    INTEGER_FIELDS: ClassVar[tuple[str, ...]] = INTEGERS
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integral(cls, body):
+        if isinstance(body, dict):
+            return {k: int(v) if k in cls.INTEGER_FIELDS and isinstance(v, float) and v.is_integer() else v
+                    for k, v in body.items()}
+        return body
 
 
 def _tagged(choose, error: str, *choices):

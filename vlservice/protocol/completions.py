@@ -11,7 +11,7 @@ several prompts or token arrays. No engine import here: the HTTP layer runs it.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
@@ -19,7 +19,7 @@ from pydantic_core import PydanticCustomError
 from ..config import Settings
 from .answers import Timings, Usage, _absent, _Out
 from ..errors import InvalidRequest
-from .base import INTEGERS, _In, _tagged
+from .base import INTEGERS, _IntegralIn, _tagged
 from .errors import _explain
 from .messages import Stop
 from .parse import check_tree
@@ -75,9 +75,11 @@ def completion_model(settings: Settings) -> type[BaseModel]:
     """The Completions request with this server's bounds (built once per `Settings`)."""
     cap = settings.max_tokens_cap
 
-    class CompletionRequest(_In):
+    class CompletionRequest(_IntegralIn):
         """OpenAI Completions request (legacy). Fields this server does not know are ignored; the known
         ones are validated strictly (400 naming the field, the bound and the value)."""
+
+        INTEGER_FIELDS: ClassVar[tuple[str, ...]] = (*INTEGERS, "logprobs", "best_of")
 
         prompt: Prompt = Field(description=(
             "the text the model continues, as it is (no chat template; control-token markers in it are text); a "
@@ -116,15 +118,6 @@ def completion_model(settings: Settings) -> type[BaseModel]:
                                                                   "X-Session-Id header is sent")
         result_cache: bool = Field(True, description="extension: false bypasses the cache of identical greedy "
                                                      "requests")
-
-        @model_validator(mode="before")
-        @classmethod
-        def _integral(cls, body):
-            """JSON Schema counts 5.0 as an integer, so the validator does too (5.5 stays refused)."""
-            if isinstance(body, dict):
-                return {k: int(v) if k in (*INTEGERS, "logprobs", "best_of") and isinstance(v, float)
-                        and v.is_integer() else v for k, v in body.items()}
-            return body
 
         @model_validator(mode="after")
         def _text(self):

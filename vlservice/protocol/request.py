@@ -8,7 +8,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 from pydantic_core import PydanticCustomError
 
 from ..config import Settings
-from .base import INTEGERS, MAX_STOP, MAX_STOP_CHARS, MAX_TOP_LOGPROBS, _In, _tagged
+from .base import MAX_STOP, MAX_STOP_CHARS, MAX_TOP_LOGPROBS, _In, _IntegralIn, _tagged
 from .media import _check_media
 from .messages import ChatMessage, ImagePart, InputVideoPart, MMProcessorKwargs, Stop, VideoPart
 from .tools import TOOL_CHOICE, Tool, ToolChoice, check_tools
@@ -140,7 +140,7 @@ def request_model(settings: Settings) -> type[BaseModel]:
     # Over 60 lines: the class body is the API's field declarations, read best as one list.
     cap, default_max, max_images = settings.max_tokens_cap, settings.default_max_tokens, settings.max_images
 
-    class ChatCompletionRequest(_In):
+    class ChatCompletionRequest(_IntegralIn):
         """OpenAI Chat Completions request. Fields this server does not know are ignored; the known
         ones are validated strictly (400 naming the field, the bound and the value)."""
 
@@ -200,15 +200,6 @@ def request_model(settings: Settings) -> type[BaseModel]:
         mm_processor_kwargs: MMProcessorKwargs | None = Field(None, description=(
             "vLLM's spelling of request-level media options (`max_pixels`, `min_pixels`, `fps`); precedence: an "
             "item's own field, then its `detail`, then these, then the server's default (`detail` auto)"))
-
-        @model_validator(mode="before")
-        @classmethod
-        def _integral(cls, body):
-            """JSON Schema counts 5.0 as an integer, so the validator does too (5.5 stays refused)."""
-            if isinstance(body, dict):
-                return {k: int(v) if k in INTEGERS and isinstance(v, float) and v.is_integer() else v
-                        for k, v in body.items()}
-            return body
 
         @model_validator(mode="after")
         def _across_fields(self):

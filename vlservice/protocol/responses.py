@@ -25,7 +25,7 @@ import re
 from copy import copy
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -33,7 +33,7 @@ from pydantic_core import PydanticCustomError
 from ..config import Settings
 from ..errors import brief
 from .answers import Timings, _absent, _Out
-from .base import _In, _tagged
+from .base import _In, _IntegralIn, _tagged
 from .errors import _param
 from .messages import InputVideoPart, VideoPart
 from .request import _unsupported, request_model
@@ -217,9 +217,11 @@ def responses_model(settings: Settings) -> type[BaseModel]:
     def same(name: str):
         return copy(chat.model_fields[name])
 
-    class ResponseRequest(_In):
+    class ResponseRequest(_IntegralIn):
         """OpenAI Responses request (the subset this server serves). Unknown fields are ignored; the
         known ones are validated strictly."""
+
+        INTEGER_FIELDS: ClassVar[tuple[str, ...]] = INTEGERS
 
         input: _tagged(_content_tag, "input_type", ("Text", str), ("Parts", Annotated[list[Item], Field(
             min_length=1, json_schema_extra={"contains": {"type": "object", "required": ["role"], "properties": {
@@ -269,15 +271,6 @@ def responses_model(settings: Settings) -> type[BaseModel]:
         prompt: _unsupported("prompt", "no stored prompts") = None
         top_logprobs: _unsupported("top_logprobs", "use /v1/chat/completions for logprobs") = None
         max_tool_calls: _unsupported("max_tool_calls", "no built-in tool loop") = None
-
-        @model_validator(mode="before")
-        @classmethod
-        def _integral(cls, body):
-            """JSON Schema counts 5.0 as an integer, so the validator does too (5.5 stays refused)."""
-            if isinstance(body, dict):
-                return {k: int(v) if k in INTEGERS and isinstance(v, float) and v.is_integer() else v
-                        for k, v in body.items()}
-            return body
 
     return ResponseRequest
 

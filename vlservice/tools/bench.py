@@ -444,6 +444,10 @@ def main(argv=None) -> int:
         from . import lowbit  # the LLM's weight kernels at 8 and 4 bits, side by side
 
         return lowbit.main([a for a in argv if a != "--lowbit"])
+    if "--prefill" in argv:
+        from . import prefillbench  # a photo's prompt through the int4 graph and the INT8 LLM
+
+        return prefillbench.main([a for a in argv if a != "--prefill"])
     if "--video" in argv:
         from . import videobench  # one clip, stage by stage, at two per-frame budgets
 
@@ -472,6 +476,9 @@ def main(argv=None) -> int:
     ap.add_argument("--lowbit", action="store_true",
                     help="only one decode step's weight products at 8 and 4 bits, every kernel available here "
                          "(lowbit.md/json in --out; see python -m vlservice.tools.lowbit --help)")
+    ap.add_argument("--prefill", action="store_true",
+                    help="only a photo's prompt through the int4 graph and the INT8 LLM's prefill (prefill.md/json "
+                         "in --out; see python -m vlservice.tools.prefillbench --help)")
     ap.add_argument("--video", action="store_true",
                     help="only a 10-second clip through the service at two per-frame budgets: decode, sampling, "
                          "encode, prefill (video.md/json in --out; see python -m vlservice.tools.videobench --help)")
