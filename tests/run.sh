@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the tests need on a fresh Debian machine, lint (ruff) and type-check (mypy,
-# the engine; ESLint and tsc, the page's modules), then run the whole suite; any step that fails
-# fails the run.
+# the engine, the HTTP routes and the protocol models; ESLint and tsc, the page's modules), then
+# run the whole suite; any step that fails fails the run.
 # Usage: bash tests/run.sh [--fast] [pytest args]
 #   --fast: lint, types and the tests not marked slow (no server, browser or tool runs): run it
 #           first on every change; CI runs everything.
@@ -38,7 +38,7 @@ fi
 .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt -r tests/requirements.txt
 echo "---- lint: ruff ----"
 .venv/bin/ruff check .
-echo "---- types: mypy (the engine, settings and errors; see [tool.mypy] in pyproject.toml) ----"
+echo "---- types: mypy (the engine, the HTTP routes, the protocol models, settings and errors; see [tool.mypy] in pyproject.toml) ----"
 .venv/bin/mypy
 echo "---- page: ESLint and tsc over static/js (// @ts-check; tests/js) ----"
 if command -v npm >/dev/null 2>&1; then

@@ -213,7 +213,8 @@ def _sse(gen, model: str, tools: bool, record):
     yield _event(MessageStart(type="message_start", message=start))
     yield _event(Ping(type="ping"))
     blocks = _Blocks(tools)
-    text, entries = [], []
+    text: list[str] = []
+    entries: list[dict] = []
     for ev in gen.events(ping_every=PING_EVERY_S):
         if ev is None:
             yield _event(Ping(type="ping"))

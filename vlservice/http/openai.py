@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import TYPE_CHECKING, cast
 
 from flask import Blueprint, Response, g, request
 
@@ -21,6 +22,9 @@ from ..protocol.answers import (AssistantReply, ChatCompletion, ChatCompletionCa
 from .appstate import current
 from .common import admit, count_requests, read_json, request_headers, sse_response
 from .disconnect import cancel_on_disconnect
+
+if TYPE_CHECKING:
+    from ..engine.toolcalls import ToolCall as FoundCall  # a call found in the answer (not the API's ToolCall)
 
 bp = Blueprint("api", __name__)
 
@@ -202,7 +206,7 @@ class _StreamedAnswer:
                 yield _chunk(self.gen, self.model, {"content": value}, logprobs=self._take_logprobs(),
                              index=self.index)
             else:
-                call = ToolCallDelta.model_validate({"index": self.calls.calls - 1, **value.to_dict()})
+                call = ToolCallDelta.model_validate({"index": self.calls.calls - 1, **cast("FoundCall", value).to_dict()})
                 yield _chunk(self.gen, self.model, {"tool_calls": [call]}, logprobs=self._take_logprobs(),
                              index=self.index)
 

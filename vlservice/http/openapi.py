@@ -110,8 +110,9 @@ class Config(BaseModel):
 
 
 def _schemas(settings) -> dict:
-    models = [protocol.request_model(settings), *protocol.ANSWERS, Health, Ready, Stats, Config]
-    modes = [(m, "validation" if i == 0 else "serialization") for i, m in enumerate(models)]
+    models: list[type[BaseModel]] = [protocol.request_model(settings), *protocol.ANSWERS, Health, Ready, Stats, Config]
+    modes: list[tuple[type[BaseModel], Literal["validation", "serialization"]]] = [
+        (m, "validation" if i == 0 else "serialization") for i, m in enumerate(models)]
     modes += openapi_peers.modes(settings)  # Anthropic Messages, Completions, the tokenizer routes
     modes += [(responses_protocol.responses_model(settings), "validation"),
               *((m, "serialization") for m in responses_protocol.ANSWERS)]
@@ -300,7 +301,7 @@ def _get(security: list, op_id: str, summary: str, ok: dict, tag: str = "operati
 
 
 def _paths(settings) -> dict:
-    security = [{"bearerAuth": []}] if settings.auth else []
+    security: list[dict[str, list[str]]] = [{"bearerAuth": []}] if settings.auth else []
 
     def get(*args: Any, **kwargs: Any) -> dict:
         return _get(security, *args, **kwargs)

@@ -7,6 +7,8 @@ and answer with; written by hand here: only the paths, the SSE framing and the e
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from ..protocol import anthropic, completions, tokenize
 
 JSON = "application/json"
@@ -33,7 +35,7 @@ def vocab_of(app) -> int | None:
 
 def schemas(schemas: dict, vocab: int | None) -> dict:
     """`schemas` with the stream framings added; the detokenize ids bounded by the vocabulary when known."""
-    events = [m.model_fields["type"].annotation.__args__[0] for m in anthropic.STREAM_EVENTS]
+    events = [cast(Any, m.model_fields["type"].annotation).__args__[0] for m in anthropic.STREAM_EVENTS]
     schemas["AnthropicServerSentEvent"] = {
         "type": "object", "required": ["event", "data"],
         "description": ("one event of a streamed Anthropic message: `event` is its type, `data` the JSON event "

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union, cast
 
-from pydantic import BaseModel, BeforeValidator, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..config import Settings
 from .answers import Timings, _absent, _Out
-from .base import MAX_STOP, MAX_STOP_CHARS, _In, _IntegralIn, _tagged
+from .base import MAX_STOP, MAX_STOP_CHARS, _In, _IntegralIn, _pick
 from .errors import _explain
 from .tools import NAME
 
@@ -57,7 +57,8 @@ def _source_tag(v):
 
 class ImageBlock(_In):
     type: Literal["image"]
-    source: _tagged(_source_tag, "source_type", ("Base64", Base64Source), ("URL", URLSource))
+    source: Annotated[Union[Annotated[Base64Source, Tag("Base64")], Annotated[URLSource, Tag("URL")]],
+                      _pick(_source_tag, "source_type")]
 
 
 class ToolUseBlock(_In):
@@ -74,8 +75,9 @@ class ToolResultBlock(_In):
 
     type: Literal["tool_result"]
     tool_use_id: str = Field(max_length=256)
-    content: _tagged(lambda v: "Text" if isinstance(v, str) else "Blocks" if isinstance(v, list) else None,
-                     "tool_result_content", ("Text", str), ("Blocks", list[TextBlock])) | None = None
+    content: Annotated[Union[Annotated[str, Tag("Text")], Annotated[list[TextBlock], Tag("Blocks")]],
+                       _pick(lambda v: "Text" if isinstance(v, str) else "Blocks" if isinstance(v, list) else None,
+                             "tool_result_content")] | None = None
     is_error: bool | None = None
 
 
@@ -83,10 +85,11 @@ def _block_tag(allowed: dict):
     return lambda v: allowed.get(v["type"]) if isinstance(v, dict) and isinstance(v.get("type"), str) else None
 
 
-UserBlock = _tagged(_block_tag({"text": "Text", "image": "Image", "tool_result": "ToolResult"}), "user_block_type",
-                    ("Text", TextBlock), ("Image", ImageBlock), ("ToolResult", ToolResultBlock))
-AssistantBlock = _tagged(_block_tag({"text": "Text", "tool_use": "ToolUse"}), "assistant_block_type",
-                         ("Text", TextBlock), ("ToolUse", ToolUseBlock))
+UserBlock = Annotated[Union[Annotated[TextBlock, Tag("Text")], Annotated[ImageBlock, Tag("Image")],
+                            Annotated[ToolResultBlock, Tag("ToolResult")]],
+                      _pick(_block_tag({"text": "Text", "image": "Image", "tool_result": "ToolResult"}), "user_block_type")]
+AssistantBlock = Annotated[Union[Annotated[TextBlock, Tag("Text")], Annotated[ToolUseBlock, Tag("ToolUse")]],
+                           _pick(_block_tag({"text": "Text", "tool_use": "ToolUse"}), "assistant_block_type")]
 
 
 def _content_tag(v):
@@ -95,19 +98,22 @@ def _content_tag(v):
 
 class AnthropicUserMessage(_In):
     role: Literal["user"]
-    content: _tagged(_content_tag, "content_type", ("Text", str), ("Blocks", list[UserBlock])) = Field(
+    content: Annotated[Union[Annotated[str, Tag("Text")], Annotated[list[UserBlock], Tag("Blocks")]],
+                       _pick(_content_tag, "content_type")] = Field(
         description="text, or blocks: text, image, tool_result")
 
 
 class AnthropicAssistantMessage(_In):
     role: Literal["assistant"]
-    content: _tagged(_content_tag, "content_type", ("Text", str), ("Blocks", list[AssistantBlock])) = Field(
+    content: Annotated[Union[Annotated[str, Tag("Text")], Annotated[list[AssistantBlock], Tag("Blocks")]],
+                       _pick(_content_tag, "content_type")] = Field(
         description="text, or blocks: text, tool_use (an earlier answer's content)")
 
 
-InputMessage = _tagged(lambda v: {"user": "User", "assistant": "Assistant"}.get(v["role"])
-                       if isinstance(v, dict) and isinstance(v.get("role"), str) else None, "anthropic_role",
-                       ("User", AnthropicUserMessage), ("Assistant", AnthropicAssistantMessage))
+InputMessage = Annotated[Union[Annotated[AnthropicUserMessage, Tag("User")],
+                               Annotated[AnthropicAssistantMessage, Tag("Assistant")]],
+                         _pick(lambda v: {"user": "User", "assistant": "Assistant"}.get(v["role"])
+                               if isinstance(v, dict) and isinstance(v.get("role"), str) else None, "anthropic_role")]
 
 
 def _custom_only(v):
@@ -161,7 +167,7 @@ def _asks(m) -> bool:
 
 
 # JSON Schema's words for `_asks` (in `messages`' schema: a request the schema allows is one served)
-ASKS = {"type": "object", "required": ["role"], "properties": {"role": {"const": "user"}, "content": {"anyOf": [
+ASKS: dict[str, Any] = {"type": "object", "required": ["role"], "properties": {"role": {"const": "user"}, "content": {"anyOf": [
     {"type": "string"}, {"type": "array", "maxItems": 0},
     {"type": "array", "contains": {"type": "object", "required": ["type"], "properties": {
         "type": {"enum": ["text", "image"]}}}}]}}}
@@ -186,8 +192,9 @@ class _CountFields(_IntegralIn):
     messages: list[InputMessage] = Field(
         min_length=1, description="the conversation, ending with a user message; at least one user message with text "
                                   "or an image", json_schema_extra={"contains": ASKS})
-    system: _tagged(lambda v: "Text" if isinstance(v, str) else "Blocks" if isinstance(v, list) else None,
-                    "system_type", ("Text", str), ("Blocks", list[TextBlock])) | None = None
+    system: Annotated[Union[Annotated[str, Tag("Text")], Annotated[list[TextBlock], Tag("Blocks")]],
+                      _pick(lambda v: "Text" if isinstance(v, str) else "Blocks" if isinstance(v, list) else None,
+                            "system_type")] | None = None
     tools: list[Annotated[ToolDefinition, BeforeValidator(_custom_only)]] | None = Field(
         None, max_length=MAX_TOOLS, description=f"custom tools (at most {MAX_TOOLS}); the answer's calls come back as "
                                                  "`tool_use` blocks with `stop_reason` tool_use")
@@ -364,7 +371,7 @@ def _user_turn(m: AnthropicUserMessage, i: int, start: int, names: Renames) -> l
             out.append({"role": "user", "content": list(parts)})
             parts.clear()
 
-    for j, b in enumerate(m.content):
+    for j, b in enumerate(cast("list[UserBlock]", m.content)):  # a string went the short way (chat_body)
         where = f"messages[{i}].content[{j}]"
         if isinstance(b, ToolResultBlock):
             flush()

@@ -1,9 +1,9 @@
 """What every request model shares: strict JSON types, tagged unions, the server-wide constants."""
 
 import re
-from typing import Annotated, ClassVar, Union
+from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, model_validator
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 DETAILS = ("low", "auto", "high")
@@ -46,11 +46,11 @@ class _IntegralIn(_In):
         return body
 
 
-def _tagged(choose, error: str, *choices):
-    """A union that picks its member by looking at the value (`choose` returns a tag or None), so a
-    bad value gets one error, from the member it was meant to be, with its path (`error` otherwise)."""
-    return Annotated[Union[tuple(Annotated[t, Tag(tag)] for tag, t in choices)],
-                     Discriminator(choose, custom_error_type=error, custom_error_message=error)]
+def _pick(choose, error: str) -> Discriminator:
+    """What makes a union of `Annotated[member, Tag(tag)]` pick its member by looking at the value (`choose`
+    returns a tag or None), so a bad value gets one error, from the member it was meant to be, with its path
+    (`error` otherwise): `Annotated[Union[Annotated[A, Tag("A")], ...], _pick(choose, error)]`."""
+    return Discriminator(choose, custom_error_type=error, custom_error_message=error)
 
 
 

@@ -11,19 +11,19 @@ several prompts or token arrays. No engine import here: the HTTP layer runs it.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, Tag, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..config import Settings
 from .answers import Timings, Usage, _absent, _Out
 from ..errors import InvalidRequest
-from .base import INTEGERS, _IntegralIn, _tagged
+from .base import INTEGERS, _IntegralIn, _pick
 from .errors import _explain
 from .messages import Stop
 from .parse import check_tree
-from .request import StreamOptions, _unsupported
+from .request import StreamOptions, _refused, _unsupported_schema
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for completions
 MAX_LOGPROBS = 5  # OpenAI's bound for completions
@@ -42,9 +42,10 @@ def _one_text(v):
 
 
 Text = Annotated[str, Field(min_length=1)]
-Prompt = Annotated[_tagged(lambda v: "Text" if isinstance(v, str) else "List" if isinstance(v, list) else None,
-                           "prompt_type", ("Text", Text), ("List", Annotated[list[Text], Field(min_length=1,
-                                                                                                max_length=1)])),
+Prompt = Annotated[Annotated[Union[Annotated[Text, Tag("Text")],
+                                   Annotated[Annotated[list[Text], Field(min_length=1, max_length=1)], Tag("List")]],
+                             _pick(lambda v: "Text" if isinstance(v, str) else "List" if isinstance(v, list) else None,
+                                   "prompt_type")],
                    BeforeValidator(_one_text)]
 
 
@@ -111,9 +112,9 @@ def completion_model(settings: Settings) -> type[BaseModel]:
             "prefill, the choices decoded together; with a seed, choice i is what the request alone with seed + i "
             "answers"))
         best_of: int | None = Field(None, ge=1, le=1, description="only 1 is served")
-        echo: _unsupported("echo", "the prompt is not repeated in the answer") = None
-        suffix: _unsupported("suffix", "no insertion") = None
-        logit_bias: _unsupported("logit_bias", "no logit biases") = None
+        echo: Annotated[Any, _refused("echo"), _unsupported_schema("the prompt is not repeated in the answer")] = None
+        suffix: Annotated[Any, _refused("suffix"), _unsupported_schema("no insertion")] = None
+        logit_bias: Annotated[Any, _refused("logit_bias"), _unsupported_schema("no logit biases")] = None
         user: str | None = Field(None, max_length=256, description="an id of the end user; the session key when no "
                                                                   "X-Session-Id header is sent")
         result_cache: bool = Field(True, description="extension: false bypasses the cache of identical greedy "

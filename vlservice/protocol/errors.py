@@ -1,6 +1,9 @@
 """A pydantic validation error in the words of the API: message, `param`, `code`."""
 
 
+from collections.abc import Mapping
+from typing import Any
+
 from annotated_types import Ge, Gt, Le
 
 from ..errors import brief
@@ -25,7 +28,8 @@ def _param(loc, tags: bool = True) -> str:
 
 
 def _bounds(model, name: str) -> tuple:
-    lo = hi = None
+    lo: Any = None
+    hi: Any = None
     strict_lo = False
     for m in model.model_fields[name].metadata:
         if isinstance(m, Ge):
@@ -37,8 +41,9 @@ def _bounds(model, name: str) -> tuple:
     return lo, hi, strict_lo
 
 
-def _explain(err: dict, model) -> tuple[str, str, str]:
+def _explain(err: Mapping[str, Any], model) -> tuple[str, str, str]:
     """One pydantic error -> (message, param, code), in the words of the old hand-written validator."""
+    value: Any
     kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
     p = _param(err["loc"])
     if "param" in ctx:  # our own checks know their field and their words

@@ -115,7 +115,7 @@ def _parts(content, where: str, settings: Settings, fetch_remote, kw: MMProcesso
         return [""]
     if isinstance(content, str):
         return [content]
-    out = []
+    out: list = []
     for j, part in enumerate(content):
         at = f"{where}.content[{j}]"
         if isinstance(part, TextPart):

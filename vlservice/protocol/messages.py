@@ -1,12 +1,12 @@
 """The conversation: messages and their parts (text, images, videos), with the peers' spellings
 of media options (Qwen's per-item fields, vLLM's `mm_processor_kwargs`, llama.cpp's `input_video`)."""
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Union
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, Tag
 from pydantic_core import PydanticCustomError
 
-from .base import MAX_STOP, MAX_STOP_CHARS, _In, _integral_float, _tagged
+from .base import MAX_STOP, MAX_STOP_CHARS, _In, _integral_float, _pick
 
 
 class TextPart(_In):
@@ -48,8 +48,9 @@ class ImageURL(_In):
 
 class ImagePart(_In):
     type: Literal["image_url"]
-    image_url: _tagged(lambda v: "ImageURL" if isinstance(v, dict) else "URL" if isinstance(v, str) else None,
-                       "image_url_type", ("ImageURL", ImageURL), ("URL", str)) = Field(
+    image_url: Annotated[Union[Annotated[ImageURL, Tag("ImageURL")], Annotated[str, Tag("URL")]],
+                         _pick(lambda v: "ImageURL" if isinstance(v, dict) else "URL" if isinstance(v, str) else None,
+                               "image_url_type")] = Field(
         description="an object with `url`, or the URL itself as a string")
     max_pixels: Pixels = _pixels(IMAGE_MAX_PIXELS)
     min_pixels: Pixels = _pixels(IMAGE_MIN_PIXELS)
@@ -99,8 +100,9 @@ class InputVideoPart(_VideoOptions):
     """llama.cpp's video part, read as a `video_url` part."""
 
     type: Literal["input_video"]
-    input_video: _tagged(lambda v: "InputVideo" if isinstance(v, dict) else "Data" if isinstance(v, str) else None,
-                         "input_video_type", ("InputVideo", InputVideo), ("Data", str)) = Field(
+    input_video: Annotated[Union[Annotated[InputVideo, Tag("InputVideo")], Annotated[str, Tag("Data")]],
+                           _pick(lambda v: "InputVideo" if isinstance(v, dict) else "Data" if isinstance(v, str) else None,
+                                 "input_video_type")] = Field(
         description="llama.cpp's spelling: an object with `data` (base64) or `url`, or the base64 (or a data URL) "
                     "as a string")
 
@@ -138,11 +140,14 @@ def _content_tag(v):
     return "Text" if isinstance(v, str) else "Parts" if isinstance(v, list) else None
 
 
-UserContent = _tagged(_content_tag, "content_type", ("Text", str), ("Parts", list[_tagged(
-    _part_tag, "part_type", ("TextPart", TextPart), ("ImagePart", ImagePart), ("VideoPart", VideoPart),
-    ("InputVideoPart", InputVideoPart))]))
-TextContent = _tagged(_content_tag, "content_type", ("Text", str),
-                      ("Parts", list[Annotated[TextPart, BeforeValidator(_text_only)]]))
+_UserPart = Annotated[Union[Annotated[TextPart, Tag("TextPart")], Annotated[ImagePart, Tag("ImagePart")],
+                           Annotated[VideoPart, Tag("VideoPart")], Annotated[InputVideoPart, Tag("InputVideoPart")]],
+                     _pick(_part_tag, "part_type")]
+UserContent = Annotated[Union[Annotated[str, Tag("Text")], Annotated[list[_UserPart], Tag("Parts")]],
+                        _pick(_content_tag, "content_type")]
+TextContent = Annotated[Union[Annotated[str, Tag("Text")],
+                              Annotated[list[Annotated[TextPart, BeforeValidator(_text_only)]], Tag("Parts")]],
+                        _pick(_content_tag, "content_type")]
 
 
 class SystemMessage(_In):
@@ -185,9 +190,11 @@ def _role_tag(v):
                 "assistant": "AssistantMessage", "tool": "ToolMessage"}.get(v["role"])
 
 
-ChatMessage = _tagged(_role_tag, "message_role", ("SystemMessage", SystemMessage), ("UserMessage", UserMessage),
-                      ("AssistantMessage", AssistantMessage), ("ToolMessage", ToolMessage))
+ChatMessage = Annotated[Union[Annotated[SystemMessage, Tag("SystemMessage")], Annotated[UserMessage, Tag("UserMessage")],
+                              Annotated[AssistantMessage, Tag("AssistantMessage")], Annotated[ToolMessage, Tag("ToolMessage")]],
+                        _pick(_role_tag, "message_role")]
 
-Stop = _tagged(lambda v: "One" if isinstance(v, str) else "Many" if isinstance(v, list) else None, "stop_type",
-               ("One", Annotated[str, Field(max_length=MAX_STOP_CHARS)]),
-               ("Many", Annotated[list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOP)]))
+Stop = Annotated[Union[Annotated[Annotated[str, Field(max_length=MAX_STOP_CHARS)], Tag("One")],
+                       Annotated[Annotated[list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOP)],
+                                 Tag("Many")]],
+                 _pick(lambda v: "One" if isinstance(v, str) else "Many" if isinstance(v, list) else None, "stop_type")]

@@ -1,6 +1,7 @@
 """The request body to the engine's `ChatRequest`: JSON, the tree's limits, the request model."""
 
 import json
+from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
@@ -67,7 +68,7 @@ def check_tree(body) -> None:
     lone UTF-16 surrogate (JSON's `"\\ud800"` decodes to one; it cannot be encoded as UTF-8, so the
     tokenizer, the session hash and the answer's JSON would fail on it). Unknown fields too: the
     body as a whole must be text this server can encode."""
-    stack = [(body, (), 0)]
+    stack: list[tuple[Any, tuple, int]] = [(body, (), 0)]
     while stack:
         value, loc, depth = stack.pop()
         if isinstance(value, str) and _SURROGATE.search(value):
@@ -101,6 +102,7 @@ def parse_chat(body, settings: Settings, defaults: dict | None = None, fetch_rem
         raise InvalidRequest("the request body must be a JSON object", param=None, code="invalid_json")
     check_tree(body)
     model = request_model(settings)
+    r: Any  # the model is built per Settings (request_model), so its fields are not known to the checker
     try:
         r = model.model_validate(body)
     except ValidationError as exc:

@@ -2,13 +2,13 @@
 tools."""
 
 from functools import lru_cache
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union, cast
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, WithJsonSchema, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, Tag, WithJsonSchema, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..config import Settings
-from .base import MAX_STOP, MAX_STOP_CHARS, MAX_TOP_LOGPROBS, _In, _IntegralIn, _tagged
+from .base import MAX_STOP, MAX_STOP_CHARS, MAX_TOP_LOGPROBS, _In, _IntegralIn, _pick
 from .media import _check_media
 from .messages import ChatMessage, ImagePart, InputVideoPart, MMProcessorKwargs, Stop, VideoPart
 from .tools import TOOL_CHOICE, Tool, ToolChoice, check_tools
@@ -70,10 +70,10 @@ class JsonSchemaFormat(_Format):
 
 
 RESPONSE_FORMATS = {"text": "Text", "json_object": "JsonObject", "json_schema": "JsonSchema"}
-ResponseFormat = _tagged(lambda v: RESPONSE_FORMATS.get(v["type"]) if isinstance(v, dict) and isinstance(v.get("type"), str)
-                         else None,
-                         "response_format_type", ("Text", TextFormat), ("JsonObject", JsonObjectFormat),
-                         ("JsonSchema", JsonSchemaFormat))
+ResponseFormat = Annotated[Union[Annotated[TextFormat, Tag("Text")], Annotated[JsonObjectFormat, Tag("JsonObject")],
+                                 Annotated[JsonSchemaFormat, Tag("JsonSchema")]],
+                           _pick(lambda v: RESPONSE_FORMATS.get(v["type"])
+                                 if isinstance(v, dict) and isinstance(v.get("type"), str) else None, "response_format_type")]
 
 
 def grammar_of(fmt) -> str | None:
@@ -87,8 +87,9 @@ def grammar_of(fmt) -> str | None:
     return None
 
 
-def _unsupported(name: str, what: str):
-    """An OpenAI parameter we cannot honour: refused when it asks for something."""
+def _refused(name: str) -> AfterValidator:
+    """An OpenAI parameter we cannot honour: refused when it asks for something. With `_unsupported_schema`:
+    `Annotated[Any, _refused(name), _unsupported_schema(what)]`."""
 
     def nothing_asked(value):
         if value:
@@ -96,11 +97,16 @@ def _unsupported(name: str, what: str):
                                       {"param": name, "name": name})
         return value
 
-    return Annotated[Any, AfterValidator(nothing_asked), WithJsonSchema({
+    return AfterValidator(nothing_asked)
+
+
+def _unsupported_schema(what: str) -> WithJsonSchema:
+    """The schema of a parameter `_refused` refuses: the values that ask for nothing."""
+    return WithJsonSchema({
         "description": f"not supported ({what}): a value that asks for it is refused (`unsupported_parameter`); "
                        "null, false, 0, \"\", [] and {} are accepted",
         "anyOf": [{"type": "null"}, {"const": False}, {"const": 0}, {"const": ""},
-                  {"type": "array", "maxItems": 0}, {"type": "object", "maxProperties": 0}]})]
+                  {"type": "array", "maxItems": 0}, {"type": "object", "maxProperties": 0}]})
 
 
 def _num(lo, hi, description: str, *, gt: bool = False):
@@ -128,7 +134,7 @@ def _check_counts(request, settings: Settings) -> None:
         inner = part.video_url if isinstance(part, VideoPart) else None
         key = "video_url" if inner is not None else "input_video"
         for name, value in ((f"{where}.max_frames", part.max_frames),
-                            (f"{where}.{key}.max_frames", inner and inner.max_frames)):
+                            (f"{where}.{key}.max_frames", cast("int | None", inner and inner.max_frames))):
             if value is not None and value > max_frames:
                 raise PydanticCustomError("invalid_value", f"`{name}` must be between 4 and {max_frames}, "
                                           f"got {value}", {"param": name})
@@ -189,8 +195,8 @@ def request_model(settings: Settings) -> type[BaseModel]:
         tool_choice: ToolChoice | None = Field(None, description=TOOL_CHOICE)
         parallel_tool_calls: bool | None = Field(None, description=(
             "false: at most one call per answer where calls are forced (default true)"))
-        functions: _unsupported("functions", "function calling") = None
-        audio: _unsupported("audio", "audio output") = None
+        functions: Annotated[Any, _refused("functions"), _unsupported_schema("function calling")] = None
+        audio: Annotated[Any, _refused("audio"), _unsupported_schema("audio output")] = None
         response_format: ResponseFormat | None = Field(None, description=(
             "structured output: {\"type\": \"json_object\"} (one JSON object) or {\"type\": \"json_schema\", "
             "\"json_schema\": {\"name\", \"schema\", \"strict\"}} (the answer validates against the schema), "

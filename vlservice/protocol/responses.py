@@ -22,21 +22,22 @@ parts and the chat route's video parts, `function_call`, `function_call_output`)
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from copy import copy
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..config import Settings
 from ..errors import brief
 from .answers import Timings, _absent, _Out
-from .base import _In, _IntegralIn, _tagged
+from .base import _In, _IntegralIn, _pick
 from .errors import _param
 from .messages import InputVideoPart, VideoPart
-from .request import _unsupported, request_model
+from .request import _refused, _unsupported_schema, request_model
 from .tools import NAME
 
 INTEGERS = ("max_output_tokens", "top_k", "seed", "min_tokens")
@@ -100,11 +101,12 @@ def _content_tag(v):
     return "Text" if isinstance(v, str) else "Parts" if isinstance(v, list) else None
 
 
-Content = _tagged(_content_tag, "content_type", ("Text", str), ("Parts", list[_tagged(
-    _part_tag, "response_part_type", ("InputText", ResponseInputText), ("OutputText", ResponseOutputText),
-    ("Refusal", ResponseRefusal), ("InputImage", ResponseInputImage), ("VideoPart", VideoPart),
-    ("InputVideoPart", InputVideoPart))]))
-
+_Part = Annotated[Union[Annotated[ResponseInputText, Tag("InputText")], Annotated[ResponseOutputText, Tag("OutputText")],
+                        Annotated[ResponseRefusal, Tag("Refusal")], Annotated[ResponseInputImage, Tag("InputImage")],
+                        Annotated[VideoPart, Tag("VideoPart")], Annotated[InputVideoPart, Tag("InputVideoPart")]],
+                  _pick(_part_tag, "response_part_type")]
+Content = Annotated[Union[Annotated[str, Tag("Text")], Annotated[list[_Part], Tag("Parts")]],
+                    _pick(_content_tag, "content_type")]
 
 class ResponseInputMessage(_In):
     """A message: `{"role", "content"}` (OpenAI's easy input message) or the same with `type: "message"`
@@ -129,7 +131,8 @@ class ResponseFunctionCallItem(_In):
 class ResponseFunctionCallOutputItem(_In):
     type: Literal["function_call_output"]
     call_id: str = Field(min_length=1, max_length=256, description="the call this answers")
-    output: _tagged(_content_tag, "output_type", ("Text", str), ("Parts", list[ResponseInputText])) = Field(
+    output: Annotated[Union[Annotated[str, Tag("Text")], Annotated[list[ResponseInputText], Tag("Parts")]],
+                      _pick(_content_tag, "output_type")] = Field(
         description="what the function returned: text, or `input_text` parts")
 
 
@@ -142,8 +145,9 @@ def _item_tag(v):
     return ITEMS.get(kind) if isinstance(kind, str) else None
 
 
-Item = _tagged(_item_tag, "response_item_type", ("Message", ResponseInputMessage),
-               ("FunctionCall", ResponseFunctionCallItem), ("FunctionCallOutput", ResponseFunctionCallOutputItem))
+Item = Annotated[Union[Annotated[ResponseInputMessage, Tag("Message")], Annotated[ResponseFunctionCallItem, Tag("FunctionCall")],
+                       Annotated[ResponseFunctionCallOutputItem, Tag("FunctionCallOutput")]],
+                 _pick(_item_tag, "response_item_type")]
 
 
 class ResponseFunctionTool(_In):
@@ -163,9 +167,11 @@ class ResponseNamedFunction(_In):
     name: str
 
 
-ToolChoice = _tagged(lambda v: "Mode" if isinstance(v, str) else "Named" if isinstance(v, dict) and v.get("type")
-                     == "function" else None, "response_tool_choice_type",
-                     ("Mode", Literal["none", "auto", "required"]), ("Named", ResponseNamedFunction))
+ToolChoice = Annotated[Union[Annotated[Literal["none", "auto", "required"], Tag("Mode")],
+                             Annotated[ResponseNamedFunction, Tag("Named")]],
+                       _pick(lambda v: "Mode" if isinstance(v, str)
+                             else "Named" if isinstance(v, dict) and v.get("type") == "function" else None,
+                             "response_tool_choice_type")]
 
 
 class _Format(BaseModel):
@@ -193,9 +199,10 @@ class ResponseJsonSchemaFormat(_Format):
 
 
 FORMATS = {"text": "Text", "json_object": "JsonObject", "json_schema": "JsonSchema"}
-Format = _tagged(lambda v: FORMATS.get(v["type"]) if isinstance(v, dict) and isinstance(v.get("type"), str) else None,
-                 "response_format_type", ("Text", ResponseTextFormat), ("JsonObject", ResponseJsonObjectFormat),
-                 ("JsonSchema", ResponseJsonSchemaFormat))
+Format = Annotated[Union[Annotated[ResponseTextFormat, Tag("Text")], Annotated[ResponseJsonObjectFormat, Tag("JsonObject")],
+                         Annotated[ResponseJsonSchemaFormat, Tag("JsonSchema")]],
+                   _pick(lambda v: FORMATS.get(v["type"]) if isinstance(v, dict) and isinstance(v.get("type"), str) else None,
+                         "response_format_type")]
 
 
 class ResponseTextConfig(_In):
@@ -223,9 +230,10 @@ def responses_model(settings: Settings) -> type[BaseModel]:
 
         INTEGER_FIELDS: ClassVar[tuple[str, ...]] = INTEGERS
 
-        input: _tagged(_content_tag, "input_type", ("Text", str), ("Parts", Annotated[list[Item], Field(
+        input: Annotated[Union[Annotated[str, Tag("Text")], Annotated[Annotated[list[Item], Field(
             min_length=1, json_schema_extra={"contains": {"type": "object", "required": ["role"], "properties": {
-                "role": {"const": "user"}, "type": {"const": "message"}}}})])) = Field(
+                "role": {"const": "user"}, "type": {"const": "message"}}}})], Tag("Parts")]],
+                         _pick(_content_tag, "input_type")] = Field(
             description="a user message as a string, or items: messages (`role`, `content`), `function_call` and "
                         "`function_call_output`; at least one user message (the schema says so; with "
                         "`previous_response_id` the stored turns may hold it instead)")
@@ -247,7 +255,8 @@ def responses_model(settings: Settings) -> type[BaseModel]:
                                               "worker's memory, per API key, bounded)")
         previous_response_id: str | None = Field(None, max_length=256, description=(
             "continue the conversation of a stored response: its input and output come before this input"))
-        tools: list[_tagged(_tool_tag, "response_tool_type", ("Function", ResponseFunctionTool))] | None = Field(
+        tools: list[Annotated[Union[Annotated[ResponseFunctionTool, Tag("Function")]],
+                              _pick(_tool_tag, "response_tool_type")]] | None = Field(
             None, max_length=MAX_TOOLS, description=f"function tools (at most {MAX_TOOLS}); built-in tools "
                                                     "(web_search, file_search, ...) are refused")
         tool_choice: ToolChoice | None = Field(None, description=(
@@ -264,13 +273,14 @@ def responses_model(settings: Settings) -> type[BaseModel]:
                                                                          "context is refused, never cut")
         result_cache: bool = Field(True, description="extension: false bypasses the cache of identical greedy "
                                                      "requests")
-        background: _unsupported("background", "answers are streamed or waited for") = None
-        reasoning: _unsupported("reasoning", "not a reasoning model") = None
-        include: _unsupported("include", "no extra output data") = None
-        conversation: _unsupported("conversation", "use previous_response_id") = None
-        prompt: _unsupported("prompt", "no stored prompts") = None
-        top_logprobs: _unsupported("top_logprobs", "use /v1/chat/completions for logprobs") = None
-        max_tool_calls: _unsupported("max_tool_calls", "no built-in tool loop") = None
+        background: Annotated[Any, _refused("background"), _unsupported_schema("answers are streamed or waited for")] = None
+        reasoning: Annotated[Any, _refused("reasoning"), _unsupported_schema("not a reasoning model")] = None
+        include: Annotated[Any, _refused("include"), _unsupported_schema("no extra output data")] = None
+        conversation: Annotated[Any, _refused("conversation"), _unsupported_schema("use previous_response_id")] = None
+        prompt: Annotated[Any, _refused("prompt"), _unsupported_schema("no stored prompts")] = None
+        top_logprobs: Annotated[Any, _refused("top_logprobs"),
+                                _unsupported_schema("use /v1/chat/completions for logprobs")] = None
+        max_tool_calls: Annotated[Any, _refused("max_tool_calls"), _unsupported_schema("no built-in tool loop")] = None
 
     return ResponseRequest
 
@@ -280,7 +290,7 @@ def responses_model(settings: Settings) -> type[BaseModel]:
 _REFUSED_TAGS = {"response_item_type": REFUSED_ITEMS, "response_part_type": REFUSED_PARTS}
 
 
-def explain(err: dict) -> tuple[str, str, str] | None:
+def explain(err: Mapping[str, Any]) -> tuple[str, str, str] | None:
     """A validation error of this request's own shapes as (message, param, code); None: the chat
     route's explanation fits (`protocol.errors._explain`)."""
     kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}

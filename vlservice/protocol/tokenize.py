@@ -12,13 +12,13 @@ their images' tokens, exactly as a chat request's prompt.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Union
 
-from pydantic import AfterValidator, BeforeValidator, Field, RootModel, WithJsonSchema
+from pydantic import AfterValidator, BeforeValidator, Field, RootModel, Tag, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from .answers import _Out
-from .base import _In, _integral_float, _tagged
+from .base import _In, _integral_float, _pick
 from .messages import ChatMessage
 from .tools import Tool
 
@@ -74,8 +74,8 @@ def _kind(v):
 class TokenizeRequest(RootModel):
     """vLLM's `prompt` or `messages`, or llama.cpp's `content` (the first present of messages, prompt, content)."""
 
-    root: _tagged(_kind, "tokenize_shape", ("Messages", TokenizeMessages), ("Prompt", TokenizePrompt),
-                  ("Content", TokenizeContent))
+    root: Annotated[Union[Annotated[TokenizeMessages, Tag("Messages")], Annotated[TokenizePrompt, Tag("Prompt")],
+                          Annotated[TokenizeContent, Tag("Content")]], _pick(_kind, "tokenize_shape")]
 
 
 class DetokenizeRequest(_In):

@@ -7,13 +7,13 @@ calls through a grammar (engine/constrain.py), so the answer is only calls, each
 valid against its function's `parameters`.
 """
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field
+from pydantic import Field, Tag
 from pydantic_core import PydanticCustomError
 
 from ..errors import brief
-from .base import _In, _tagged
+from .base import _In, _pick
 
 NAME = r"^[a-zA-Z0-9_.-]{1,64}$"  # OpenAI's function names (the dot as vLLM and llama.cpp allow)
 
@@ -41,8 +41,10 @@ class NamedToolChoice(_In):
     function: _Name
 
 
-ToolChoice = _tagged(lambda v: "Mode" if isinstance(v, str) else "Named" if isinstance(v, dict) else None,
-                     "tool_choice_type", ("Mode", Literal["none", "auto", "required"]), ("Named", NamedToolChoice))
+ToolChoice = Annotated[Union[Annotated[Literal["none", "auto", "required"], Tag("Mode")],
+                             Annotated[NamedToolChoice, Tag("Named")]],
+                       _pick(lambda v: "Mode" if isinstance(v, str) else "Named" if isinstance(v, dict) else None,
+                             "tool_choice_type")]
 TOOL_CHOICE = ("\"auto\" (default with tools): the model answers in text or calls functions; \"none\": text only "
                "(the tools are left out of the prompt); \"required\": one or more calls; {\"type\": \"function\", "
                "\"function\": {\"name\": ...}}: a call of that function. \"required\" and named calls are enforced by "
