@@ -279,3 +279,6 @@ def test_bench_prefill_quick_times_a_photo_prompt_in_both_runners(tmp_path, cach
     assert len(report["prefill_s"]) == 2 and all(s > 0 for s in report["prefill_s"].values())
     md = (out / "prefill.md").read_text()
     assert all(name in md for name in report["prefill_s"]) and report["cpu"]["model"] in md
+    assert len(report["kernels"]) == 5 and all(set(g) == {"1", "40"} and min(g.values()) > 0
+                                               for g in report["kernels"].values())
+    assert all(name in md for name in report["kernels"])

@@ -7,6 +7,11 @@ Runtime graph over 4-bit weights, `engine/ortdecode.py`) and through PyTorch's I
 (fbgemm, `VL_LLM_QUANT=int8`: what the int4 setting used for prompts before it became one model),
 one after the other in one process, on the same inputs. Medians of `--reps` after one warm-up.
 Inputs are random (a kernel's speed does not depend on the values); every output names the CPU.
+
+Then the kernels alone (`kernels`): one product of the model's widest shape (hidden x intermediate),
+at one row (a decode step) and at the prompt's rows, in ONNX Runtime's `MatMulNBits` (4-bit weights)
+at several block sizes and accuracy levels (4: int8 activations, 0: float32), beside PyTorch's
+dynamic INT8 `Linear` (fbgemm): what bounds the 4-bit prefill, and which knobs do not move it.
 """
 
 from __future__ import annotations
@@ -65,6 +70,63 @@ def measure(model_dir: Path, cache_dir: Path, tokens: int, reps: int, threads: i
     return {name: round(s, 3) for name, s in out.items()}
 
 
+def _matmulnbits(k: int, n: int, block: int, accuracy: int, threads: int):
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    blocks = -(-k // block)
+    weights = rng.integers(0, 256, size=(n, blocks, block // 2), dtype=np.uint8)
+    scales = rng.random(n * blocks, dtype=np.float32) * 0.01
+    node = helper.make_node("MatMulNBits", ["A", "B", "S"], ["Y"], domain="com.microsoft", K=k, N=n, bits=4,
+                            block_size=block, accuracy_level=accuracy)
+    graph = helper.make_graph([node], "product", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", k])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])],
+                              initializer=[numpy_helper.from_array(weights, "B"), numpy_helper.from_array(scales, "S")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def _gops(m: int, k: int, n: int, ms: float) -> float:
+    return float(f"{2 * m * k * n / ms / 1e6:.3g}")
+
+
+def kernels(k: int, n: int, rows: list[int], reps: int, threads: int) -> dict:
+    """GOPS (2*M*K*N per second) of one (M x K) @ (K x N) product in each kernel."""
+    import warnings
+
+    import numpy as np
+    import torch
+
+    from .decodeprof import _median_ms
+
+    torch.set_num_threads(threads)
+    out: dict[str, dict[str, float]] = {}
+    for block, accuracy in ((32, 4), (128, 4), (256, 4), (128, 0)):
+        session = _matmulnbits(k, n, block, accuracy, threads)
+        name = f"MatMulNBits 4-bit, block {block}, {'int8' if accuracy == 4 else 'float32'} activations"
+        out[name] = {}
+        for m in rows:
+            a = np.random.default_rng(1).standard_normal((m, k), dtype=np.float32)
+            out[name][str(m)] = _gops(m, k, n, _median_ms(lambda s=session, a=a: s.run(None, {"A": a}), reps))
+    layer = torch.ao.nn.quantized.dynamic.Linear(k, n)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        weight = torch.quantize_per_channel(torch.randn(n, k), torch.rand(n) * 0.01 + 1e-3,
+                                            torch.zeros(n, dtype=torch.long), 0, torch.qint8)
+    layer.set_weight_bias(weight, None)
+    name = "PyTorch dynamic INT8 Linear (fbgemm), per-channel int8 weights"
+    out[name] = {}
+    with torch.inference_mode():
+        for m in rows:
+            x = torch.randn(m, k)
+            out[name][str(m)] = _gops(m, k, n, _median_ms(lambda x=x: layer(x), reps))
+    return out
+
+
 def markdown(report: dict) -> str:
     from .harness import md_table
 
@@ -74,7 +136,20 @@ def markdown(report: dict) -> str:
                       f"one prompt of {report['tokens']} positions ({min(IMAGE_TOKENS, report['tokens'] - 2)} "
                       f"of them image tokens with deepstack features) on {'a tiny' if report['quick'] else 'the real'}"
                       f" model's shapes; medians of {report['reps']}.*", "",
-                      *md_table(["LLM", "prefill s", "tokens/s"], rows)]) + "\n"
+                      *md_table(["LLM", "prefill s", "tokens/s"], rows), "",
+                      *kernel_table(report)]) + "\n"
+
+
+def kernel_table(report: dict) -> list[str]:
+    from .harness import md_table
+
+    shape = report.get("kernel_shape")
+    if not shape:
+        return []
+    rows_m = list(next(iter(report["kernels"].values())))
+    rows = [[name, *(str(gops[m]) for m in rows_m)] for name, gops in report["kernels"].items()]
+    return [f"*One product of {shape[0]} x {shape[1]} weights; GOPS (2·M·K·N per second), medians of "
+            f"{report['reps']}.*", "", *md_table(["kernel", *(f"M = {m}" for m in rows_m)], rows)]
 
 
 def main(argv=None) -> int:
@@ -94,6 +169,9 @@ def main(argv=None) -> int:
     report = {"cpu": cpu_info(settings.num_threads), **run_record(), "tokens": args.tokens, "reps": args.reps,
               "quick": args.quick}
     report["prefill_s"] = measure(model_dir, settings.cache_path, args.tokens, args.reps, settings.num_threads)
+    text = json.loads((model_dir / "config.json").read_text())["text_config"]
+    report["kernel_shape"] = [text["hidden_size"], text["intermediate_size"]]
+    report["kernels"] = kernels(*report["kernel_shape"], [1, args.tokens], args.reps, settings.num_threads)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "prefill.json").write_text(json.dumps(report, indent=2))
     (args.out / "prefill.md").write_text(markdown(report))
