@@ -119,10 +119,17 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: TIERS.index(_tier(item)))  # stable: file order kept within a tier
 
 
-_current_tier = {"name": None}
+_current_tier: dict = {"name": None, "parallel": False}
+
+
+def pytest_configure(config):
+    # in several processes (pytest-xdist) the tiers' tests interleave: no headers then
+    _current_tier["parallel"] = bool(getattr(config.option, "numprocesses", None))
 
 
 def pytest_runtest_logstart(nodeid, location):
+    if _current_tier["parallel"]:
+        return
     parts = Path(location[0]).parts
     tier = parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in TIERS else "unit"
     if tier != _current_tier["name"]:

@@ -5,6 +5,8 @@
 # Usage: bash tests/run.sh [--fast] [pytest args]
 #   --fast: lint, types and the tests not marked slow (no server, browser or tool runs): run it
 #           first on every change; CI runs everything.
+# The tests run in VL_TEST_WORKERS processes (pytest-xdist, default 2), a file at a time each (a
+# file's servers and exports are made once); VL_TEST_WORKERS=0 runs them in this process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FAST=()
@@ -49,4 +51,6 @@ else
     "(apt-get install npm, Node 20.19 or later)"
 fi
 export HF_HUB_OFFLINE=1
-exec .venv/bin/python -m pytest ${FAST[@]+"${FAST[@]}"} "$@"
+WORKERS=()
+if [ "${VL_TEST_WORKERS:-2}" != 0 ]; then WORKERS=(-n "${VL_TEST_WORKERS:-2}" --dist loadfile); fi
+exec .venv/bin/python -m pytest ${FAST[@]+"${FAST[@]}"} ${WORKERS[@]+"${WORKERS[@]}"} "$@"

@@ -296,3 +296,15 @@ def test_token_targets_follow_the_encoder_token_order():
             written = [100 * a + 10 * b for a, b in digits[row * gw + col].reshape(4, 2)]
             answer = boxes_1000(((shape, _color, cx, cy, size),), (h, w))[0]
             assert np.abs(np.array(written) - answer).max() <= 20, (written, answer)
+
+
+def test_the_pages_preset_asset_is_the_demo_models_own_questions():
+    """`/api/config` serves the asset (the server never imports the demo package); it must be what
+    `python -m vlservice.demo.prompts` writes from the strings the model was trained on."""
+    import json
+    from importlib import resources
+
+    from vlservice.demo import prompts
+
+    asset = json.loads(resources.files("vlservice").joinpath(prompts.ASSET).read_text(encoding="utf-8"))
+    assert asset == prompts.presets(), "run `python -m vlservice.demo.prompts` to rewrite the asset"

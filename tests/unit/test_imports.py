@@ -96,3 +96,20 @@ def test_no_import_cycle_between_vlservice_modules():
     assert not found, "import cycles:\n" + "\n".join(
         " <-> ".join(c) + ": " + "; ".join(f"{m} -> {', '.join(sorted(graph[m] & set(c)))}" for m in c)
         for c in found)
+
+
+def test_the_scheduler_side_never_reaches_back_to_the_service():
+    """A request's path runs one way: the service submits a `Generation` to the scheduler, which
+    works with what it was built with and publishes to that `Generation`. No module on the model's
+    side imports the service or names it (no `self.service`, no `gen.service`)."""
+    mods = modules()
+    known = set(mods)
+    for name in ("scheduler", "sequence", "generation", "features", "policy", "sampling", "textstream"):
+        mod = f"vlservice.engine.{name}"
+        path = mods[mod]
+        assert "vlservice.engine.service" not in imports(mod, path, known), mod
+        tree = ast.parse(path.read_text())
+        named = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | \
+                {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
+                {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args + n.kwonlyargs}
+        assert not named & {"service", "svc"}, f"{mod} names the service"

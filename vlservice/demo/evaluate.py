@@ -185,7 +185,7 @@ def main(argv=None) -> int:
     print(markdown(result))
     if args.json:
         from ..config import Settings
-        from ..tools.harness import cpu_info, run_record
+        from ..obs.records import cpu_info, run_record
 
         result.update(cpu=cpu_info(Settings().num_threads), **run_record())
         args.json.write_text(json.dumps(result, indent=2, ensure_ascii=False))

@@ -1,5 +1,8 @@
 """The demo model's questions, in English and Chinese: the one list that both its training data
-(`vlservice.demo.data`) and the web page's preset buttons (`/api/config`) are built from.
+(`vlservice.demo.data`) and the web page's preset buttons are built from. The buttons are written
+to an asset, `vlservice/assets/presets.json` (`python -m vlservice.demo.prompts` rewrites it;
+tests/unit/test_demo_data.py fails when it differs), which `/api/config` serves: the server never
+imports the demo package.
 
 A module of its own so the server can read it without importing the training data's OpenCV code.
 The demo model was trained on these exact strings: a preset that differs by one character is a
@@ -43,3 +46,21 @@ def presets() -> list[dict[str, str]]:
     """The preset prompts per language, in button order: [{"name", "en", "zh", "media"}, ...]."""
     return ([{"name": name, **{lang: PROMPTS[lang][name] for lang in PROMPTS}, "media": "image"} for name in PRESETS]
             + [{"name": name, **texts, "media": "video"} for name, texts in VIDEO_PRESETS.items()])
+
+
+ASSET = "assets/presets.json"
+
+
+def main() -> int:
+    """Write the page's preset buttons to the package's asset."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / ASSET
+    path.write_text(json.dumps(presets(), ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {len(presets())} presets to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,4 +1,9 @@
-"""One submitted request's life as its caller sees it: a queue of events, cancel, the result."""
+"""One submitted request's life as its caller sees it: a queue of events, cancel, the result.
+
+The scheduler publishes to it and nowhere else: tokens as `delta` events, the end as `done()` or
+`fail()`. Whoever submitted it (the service) is told of its end through the `on_end` it gave, once,
+before the caller sees the final event: the owner's books (slots, counters, result cache) are
+settled by the time a client reads its answer."""
 
 from __future__ import annotations
 
@@ -6,10 +11,10 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
-from ..errors import EngineError
-from .types import ChatRequest
+from ..errors import APIError, EngineError
+from .types import ChatRequest, Event
 from .video import PreparedVideo
 
 if TYPE_CHECKING:
@@ -38,9 +43,9 @@ class Work:
 class Generation:
     """A submitted request: iterate `events()`; `cancel()` stops it."""
 
-    def __init__(self, service, request: ChatRequest, work: Work):
-        self.service = service
+    def __init__(self, request: ChatRequest, work: Work, on_end: Callable[[Generation, Event, str], None] | None = None):
         self.request = request
+        self._on_end = on_end
         self.id = request.id
         self.work = work
         self.cancelled = threading.Event()
@@ -60,6 +65,25 @@ class Generation:
 
     def cancel(self) -> None:
         self.cancelled.set()
+
+    # ----------------------------------------------------------------- the producer's side
+    def done(self, timings: dict, finish: str, usage: dict, choices: list | None = None, text: str = "") -> None:
+        """Answered: the final event with the finish reason, usage and timings (floats rounded to
+        two places); with several choices, `choices` gives each one's index and finish reason.
+        `text` (the first choice's whole answer) is for the owner's books, not the event."""
+        data = {"finish_reason": finish, "usage": usage,
+                "timings": {k: (round(v, 2) if isinstance(v, float) else v) for k, v in timings.items()}}
+        if choices is not None:
+            data["choices"] = choices
+        self._end(Event("done", data=data), text)
+
+    def fail(self, error: APIError) -> None:
+        self._end(Event("error", error=error))
+
+    def _end(self, event: Event, text: str = "") -> None:
+        if self._on_end is not None:
+            self._on_end(self, event, text)
+        self.queue.put(event)
 
     def events(self, ping_every: float | None = None):
         """Events until `done` or `error`; `None` when nothing happened for `ping_every` seconds."""

@@ -26,8 +26,12 @@ matcher; it ends when all have finished, and a failure or a cancel ends all of t
 
 `VL_MAX_BATCH=1` gives one request at a time. The rules themselves (who leaves the queue, who
 takes a slot, who shares a pass, how long its chunk is) are pure functions in `policy.py`: this
-loop measures, asks them and carries out the answers. Nothing here knows HTTP; callers see events
-on their `Generation`'s queue.
+loop measures, asks them and carries out the answers. Nothing here knows HTTP.
+
+Data flows one way. The scheduler is built with what it works with (the language-model runner, the
+conversation KV cache, the feature source, the model's input builder, the tokenizer and the
+grammars) and is given `Generation`s; it publishes each one's events, its answer (`done`) or its
+error (`fail`) to that `Generation` and never calls back into whoever submitted it.
 """
 
 from __future__ import annotations
@@ -51,7 +55,12 @@ from .sequence import Choices, Sequence
 from .types import Event
 
 if TYPE_CHECKING:
+    from .caches import PrefixCache
+    from .constrain import Grammars
+    from .features import FeatureSource
     from .generation import Generation
+    from .inputs import ModelInputs
+    from .lm import LMRunner
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +76,14 @@ def _stop_all() -> None:
 
 
 class Scheduler:
-    def __init__(self, service, max_batch: int, prefill_chunk: int, queue_timeout_s: float):
-        self.service = service
-        self.lean = service.lean
+    def __init__(self, runner: LMRunner, prefix: PrefixCache, features: FeatureSource, inputs: ModelInputs,
+                 tokenizer, grammars: Grammars, *, max_batch: int, prefill_chunk: int, queue_timeout_s: float,
+                 threads: int, malloc_trim: bool = False, listeners: list | None = None):
+        self.lean = runner
+        self.prefix, self.features, self.inputs = prefix, features, inputs
+        self.tokenizer, self.grammars = tokenizer, grammars
+        self.malloc_trim = malloc_trim
+        self._last_total_s = 5.0  # the last answer's time, submission to end: a time-out's Retry-After
         self.max_batch = max(1, max_batch)
         self.prefill_chunk = max(0, prefill_chunk)  # 0: sized by time (`_chunk_len`)
         self._token_s: float | None = None  # a prompt token's share of a pass, seconds (running mean)
@@ -93,10 +107,10 @@ class Scheduler:
         # prefill chunk): what a token costs each running stream, overhead of the loop included
         self.step_times: dict[int, list] = {}
         self._last_start: tuple[float, int] | None = None
-        self._threads = max(1, service.settings.num_threads)
+        self._threads = max(1, threads)
         self._torch_threads = self._threads
-        self.listeners = service.step_listeners  # callables(batch size) per decode step (metrics)
-        self.token_text = TokenText(service.tokenizer)  # `logprobs` entries' text and bytes
+        self.listeners = listeners if listeners is not None else []  # callables(batch size) per decode step
+        self.token_text = TokenText(tokenizer)  # `logprobs` entries' text and bytes
 
     # ----------------------------------------------------------------- callers' side
     def start(self) -> None:
@@ -169,7 +183,7 @@ class Scheduler:
         for seq in list(self.running):
             self._drop(seq, NotReady("the server is shutting down; retry", code="shutting_down"))
         for gen in waiting:
-            self.service.fail(gen, NotReady("the server is shutting down; retry", code="shutting_down"))
+            gen.fail(NotReady("the server is shutting down; retry", code="shutting_down"))
         self._encoder.shutdown(wait=False, cancel_futures=True)
 
     def _ready(self) -> bool:
@@ -184,7 +198,7 @@ class Scheduler:
 
     def _idle(self) -> None:
         """Give the freed heap back to the system when the model goes idle (at most once a second)."""
-        if self.service.settings.malloc_trim and time.monotonic() - self._last_trim >= 1.0:
+        if self.malloc_trim and time.monotonic() - self._last_trim >= 1.0:
             self._last_trim = time.monotonic()
             malloc_trim()
             self.trims += 1
@@ -242,20 +256,19 @@ class Scheduler:
     # ----------------------------------------------------------------- admission
     def _admit(self, gen) -> None:
         self._last_start = None  # the next decode step's cycle includes this admission
-        svc = self.service
         now = time.perf_counter()
         why = policy.leaving(gen.cancelled.is_set(), now - gen.work.t_submit, self.queue_timeout_s)
         if why == policy.CANCELLED:
-            return svc.fail(gen, Cancelled("the request was cancelled while it waited"))
+            return gen.fail(Cancelled("the request was cancelled while it waited"))
         if why == policy.TIMED_OUT:
-            return svc.fail(gen, QueueTimeout(f"the request waited {self.queue_timeout_s:.0f} s for the model; "
-                                              f"retry later", retry_after=svc.retry_after()))
+            return gen.fail(QueueTimeout(f"the request waited {self.queue_timeout_s:.0f} s for the model; "
+                                         f"retry later", retry_after=max(1, round(self._last_total_s))))
         try:
-            family = Choices(gen, now)
+            family = Choices(gen, now, self.grammars, self.tokenizer)
         except Exception as exc:  # e.g. a grammar the tokenizer cannot serve
             log.error("could not start %s: %r", gen.id, exc)
-            return svc.fail(gen, exc if isinstance(exc, APIError) else EngineError(f"the engine failed: "
-                                                                                    f"{type(exc).__name__}"))
+            return gen.fail(exc if isinstance(exc, APIError) else EngineError(f"the engine failed: "
+                                                                              f"{type(exc).__name__}"))
         seq = family.leader  # it prefills; the other choices hold their slots until it is through
         seq.timings["queue_ms"] = (now - gen.work.t_submit) * 1e3
         gen.queue.put(Event("started"))
@@ -267,9 +280,9 @@ class Scheduler:
 
     def _setup(self, seq: Sequence) -> None:
         """KV from the conversation cache, the features still needed, the prompt's inputs."""
-        svc, prompt = self.service, seq.prompt
+        prompt = seq.prompt
         ids = np.asarray(prompt.input_ids, dtype=np.int64)
-        entry, shared = svc.kv.take(ids, seq.images, seq.gen.request.tenant)
+        entry, shared = self.prefix.take(ids, seq.images, seq.gen.request.tenant)
         if entry is not None:
             seq.kv = entry.cache
             if shared == len(prompt) == entry.prompt_len and entry.prompt_logits is not None:
@@ -284,10 +297,10 @@ class Scheduler:
         seq.cursor = seq.start
         seq.needed = [i for i, (a, _, _) in enumerate(seq.images) if a >= seq.start]
         if seq.needed:  # off this thread: the running streams keep decoding meanwhile
-            seq.encoding = self._encoder.submit(svc.features, seq.gen, seq.timings, seq.needed)
+            seq.encoding = self._encoder.submit(self.features, seq.gen, seq.timings, seq.needed)
             seq.encoding.add_done_callback(lambda _: self.wake())
         else:
-            self._inputs_ready(seq, svc.features(seq.gen, seq.timings, []))  # timings say: nothing to encode
+            self._inputs_ready(seq, self.features(seq.gen, seq.timings, []))  # timings say: nothing to encode
 
     def _inputs_ready(self, seq: Sequence, feats: list) -> None:
         if seq.gen.cancelled.is_set():
@@ -295,7 +308,7 @@ class Scheduler:
         if len(seq.needed) < len(seq.images):
             seq.timings["vision_cache_hit"] = True  # inside the reused prefix: not even looked up
         seq.gen.queue.put(Event("stage", data={"stage": "prefill"}))
-        inputs, seq.pos = self.service.inputs.prefill_inputs(seq.prompt, feats, seq.start)
+        inputs, seq.pos = self.inputs.prefill_inputs(seq.prompt, feats, seq.start)
         if seq.prompt_logits is not None:
             self._first_token(seq, seq.prompt_logits)
         else:
@@ -366,7 +379,7 @@ class Scheduler:
 
     def _first_token(self, seq: Sequence, logits) -> None:
         """The prompt is through: the first token of each of its choices, from its logits."""
-        forbid = self.service.inputs.eos_ids if seq.sampling.min_tokens > 0 else None
+        forbid = self.inputs.eos_ids if seq.sampling.min_tokens > 0 else None
         token = seq.sampler(logits, seq.seen, forbid=forbid)
         now = time.perf_counter()
         seq.t_first = now
@@ -394,7 +407,7 @@ class Scheduler:
         self.batch_hist[len(batch)] = self.batch_hist.get(len(batch), 0) + 1
         for listener in self.listeners:
             listener(len(batch))
-        eos = self.service.inputs.eos_ids
+        eos = self.inputs.eos_ids
         for i, s in enumerate(batch):
             if s.family.over:  # another choice of its request failed in this step: it left with it
                 continue
@@ -415,7 +428,7 @@ class Scheduler:
     def _accept(self, seq: Sequence, token: int) -> None:
         """A sampled token: the end, or text out and the next step."""
         seq.pending = None
-        if token in self.service.inputs.eos_ids:
+        if token in self.inputs.eos_ids:
             return self._finish(seq, "stop")
         seq.n += 1
         seq.seen.append(token)
@@ -449,7 +462,7 @@ class Scheduler:
             self.lean.release(kv)  # its storage its own again (ortdecode's batch arena)
         if kv is not None and kv.length:
             whole = kv.length >= len(seq.prompt)  # the prompt's logits belong to a whole prompt only
-            self.service.kv.put(np.asarray(seq.fed[:kv.length], dtype=np.int64),
+            self.prefix.put(np.asarray(seq.fed[:kv.length], dtype=np.int64),
                                 [im for im in seq.images if im[1] <= kv.length], kv,
                                 prompt_len=len(seq.prompt) if whole else 0,
                                 prompt_logits=seq.prompt_logits if whole else None, tenant=seq.gen.request.tenant)
@@ -495,7 +508,8 @@ class Scheduler:
             timings.update({"predicted_n": completion, "predicted_ms": decode_s * 1e3,
                             "predicted_per_second": steps / decode_s if steps > 0 and decode_s > 0 else 0.0})
             choices = [{"index": i, "finish_reason": family.finished[i][0]} for i in range(len(family.members))]
-        self.service.complete(leader.gen, timings, family.finished[0][0], usage, leader.stream.text_sent(), choices)
+        self._last_total_s = timings["total_ms"] / 1e3
+        leader.gen.done(timings, family.finished[0][0], usage, choices, text=leader.stream.text_sent())
 
     def _drop(self, seq: Sequence, exc: Exception) -> None:
         """`seq` failed or was cancelled: its request ends with the error, every choice of it
@@ -512,4 +526,4 @@ class Scheduler:
         else:
             log.error("engine error in %s: %r", seq.gen.id, exc)
             err = EngineError(f"the engine failed: {type(exc).__name__}")
-        self.service.fail(seq.gen, err)
+        seq.gen.fail(err)

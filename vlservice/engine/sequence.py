@@ -17,6 +17,7 @@ from .textstream import TextStream
 if TYPE_CHECKING:
     import torch
 
+    from .constrain import Grammars
     from .generation import Generation
     from .kv import SeqKV
 
@@ -36,8 +37,8 @@ class Choices:
     of its KV cache once its prompt's logits are there (`Sequence.start_from`). The request is
     done when every choice has finished, or over at its first failure."""
 
-    def __init__(self, gen: Generation, now: float):
-        self.members = [Sequence(gen, now, self, i) for i in range(max(1, gen.request.choices))]
+    def __init__(self, gen: Generation, now: float, grammars: Grammars, tokenizer):
+        self.members = [Sequence(gen, now, self, grammars, tokenizer, i) for i in range(max(1, gen.request.choices))]
         self.finished: dict[int, tuple[str, int]] = {}  # choice -> (finish reason, completion tokens)
         self.over = False  # failed or cancelled: its error was given, its sequences left the batch
 
@@ -58,7 +59,7 @@ class Choices:
 class Sequence:
     """One admitted request's state on the model side (one choice of it)."""
 
-    def __init__(self, gen: Generation, now: float, family: Choices, choice: int = 0):
+    def __init__(self, gen: Generation, now: float, family: Choices, grammars: Grammars, tokenizer, choice: int = 0):
         self.gen = gen
         self.family = family
         self.choice = choice
@@ -85,9 +86,9 @@ class Sequence:
         # choices: copies of it, untouched yet)
         constraint = work.constraint if work.constraint is None or not choice else work.constraint.copy()
         if constraint is None and self.sampling.grammar:
-            constraint = gen.service.grammars.constraint(self.sampling.grammar)
+            constraint = grammars.constraint(self.sampling.grammar)
         self.sampler = Sampler(self.sampling, constraint)
-        self.stream = TextStream(gen.service.tokenizer, self.sampling.stop)
+        self.stream = TextStream(tokenizer, self.sampling.stop)
         self.seen = list(self.prompt.input_ids)
         self.fed = list(self.prompt.input_ids)
         self.n = 0

@@ -34,13 +34,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..config import Settings
-from ..errors import APIError, Busy, Cancelled, ContextLengthExceeded, InvalidRequest, NotReady
+from ..errors import Busy, Cancelled, ContextLengthExceeded, InvalidRequest, NotReady
 from . import images as imgs
 from . import video as vid
 from .caches import FeatureCache, FeatureShape, PrefixCache, ResultCache, SharedStore
 from .checkpoints import DEMO_NOTICE, ModelSource, resolve
 from .constrain import GrammarError, Grammars, explain, param_of
 from .counters import Counters
+from .features import FeatureSource
 from .generation import Generation, Work
 from .inputs import ModelInputs
 from .lm import SeqPos
@@ -120,7 +121,7 @@ class VLModelService:
         self.last_timings: dict = {}
         self.counters = Counters("requests", "completed", "errors", "cancelled", "busy", "prompt_tokens",
                                  "completion_tokens")
-        self.encoder_calls = 0
+        self.features: FeatureSource | None = None  # cache, else encoder: made by start()
         log.info("loaded %s from %s in %.1f s%s", self.source.name, path, self.load_s,
                  " (DEMO model)" if self.source.is_demo else "")
 
@@ -170,8 +171,12 @@ class VLModelService:
         self.results = ResultCache(self.settings.result_cache_entries, shared=self.shared)
         if self.settings.warmup:
             self._warmup()
-        self.scheduler = Scheduler(self, self.settings.max_batch, self.settings.prefill_chunk,
-                                   self.settings.queue_timeout_s)
+        self.features = FeatureSource(self.cache, self.encoder, self.spec, self.video_spec, self.feature_width)
+        self.scheduler = Scheduler(
+            self.lean, self.kv, self.features, self.inputs, self.tokenizer, self.grammars,
+            max_batch=self.settings.max_batch, prefill_chunk=self.settings.prefill_chunk,
+            queue_timeout_s=self.settings.queue_timeout_s, threads=self.settings.num_threads,
+            malloc_trim=self.settings.malloc_trim, listeners=self.step_listeners)
         self.scheduler.start()
         self.warmup_s = time.perf_counter() - t0
         self.ready = True
@@ -236,7 +241,7 @@ class VLModelService:
             self.tenants.leave(request.tenant)
             raise
         self.counters.add("requests")
-        gen = Generation(self, request, work)
+        gen = Generation(request, work, self._ended)
         # Registered before anything can finish it: a result-cache replay ends (and unregisters)
         # at once, and registering after that kept every such request alive for good.
         with self._active_lock:
@@ -332,40 +337,15 @@ class VLModelService:
     def retry_after(self) -> int:
         return max(1, int(round(self.last_timings.get("total_ms", 5000) / 1000)))
 
-    # ----------------------------------------------------------------- called by the scheduler
-    def features(self, gen: Generation, timings: dict, needed: list) -> list:
-        """Features of the images `needed` (indices): from the cache, else the encoder."""
-        assert self.cache is not None and self.encoder is not None, "the scheduler runs only after start()"
-        work = gen.work
-        feats, hit_all, lookup_s, encode_s = [], True, 0.0, 0.0
-        for i in needed:
-            p, key = work.prepared[i], work.keys[i]
-            t = time.perf_counter()
-            f = self.cache.get(key, self.feature_shape(p)) if key else None
-            lookup_s += time.perf_counter() - t
-            if f is None:
-                hit_all = False
-                gen.queue.put(Event("stage", data={"stage": "vision_encode"}))
-                t = time.perf_counter()
-                f = self.encoder(p.pixel_values, p.grid_thw)
-                self.encoder_calls += 1
-                encode_s += time.perf_counter() - t
-                if key:
-                    self.cache.put(key, f)
-            feats.append(f)
-            if gen.cancelled.is_set():
-                raise Cancelled("the request was cancelled")
-        timings["cache_lookup_ms"] = lookup_s * 1e3
-        timings["vision_encode_ms"] = encode_s * 1e3
-        timings["vision_cache_hit"] = bool(work.prepared) and hit_all
-        timings.update(media_tokens(work.prepared))
-        return feats
+    @property
+    def encoder_calls(self) -> int:
+        """Vision encoder runs so far (feature cache misses)."""
+        return self.features.calls if self.features is not None else 0
 
     def feature_shape(self, prepared) -> FeatureShape:
-        """What the encoder's features of one prepared image or clip are (a cached entry read back
-        from disk or Redis is checked against it before use)."""
-        spec = self.video_spec if isinstance(prepared, vid.PreparedVideo) else self.spec
-        return FeatureShape.of(prepared.grid_thw, spec.merge_size, *self.feature_width)
+        """What the encoder's features of one prepared image or clip are (`FeatureSource.shape`)."""
+        assert self.features is not None, "start() made the feature source"
+        return self.features.shape(prepared)
 
     def _replay(self, gen: Generation, cached: dict, timings: dict) -> None:
         """An identical greedy request answered from the result cache: no model work, no queue."""
@@ -381,33 +361,25 @@ class VLModelService:
                         "result_cache_hit": True,
                         "ttft_ms": (time.perf_counter() - gen.work.t_submit) * 1e3})
         timings["total_ms"] = timings["ttft_ms"]
-        self._finish(gen, timings, cached["finish_reason"], usage)
+        gen.done(timings, cached["finish_reason"], usage)
 
-    def complete(self, gen: Generation, timings: dict, finish: str, usage: dict, text: str,
-                 choices: list | None = None) -> None:
-        """A request the model answered: the result cache, then the final event. `choices`: with
-        several, each one's index and finish reason (`finish` and `text` are the first's)."""
-        if gen.work.result_key:
-            self.results.put(gen.work.result_key, {"text": text, "finish_reason": finish, "usage": usage})
-        self._finish(gen, timings, finish, usage, choices)
-
-    def fail(self, gen: Generation, error: APIError) -> None:
-        self.counters.add("cancelled" if isinstance(error, Cancelled) else "errors")
+    def _ended(self, gen: Generation, event: Event, text: str) -> None:
+        """A request's end, told by its `Generation` (whoever ended it: the scheduler, a replay, a
+        failure before the queue) before its caller sees the final event: the books, the result
+        cache, and its place freed."""
+        if event.kind == "done":
+            usage = event.data["usage"]
+            self.counters.add("completed")
+            self.counters.add("prompt_tokens", usage["prompt_tokens"])
+            self.counters.add("completion_tokens", usage["completion_tokens"])
+            self.last_timings = event.data["timings"]
+            log.info("%s done: %s", gen.id, " ".join(f"{k}={v}" for k, v in self.last_timings.items()))
+            if gen.work.result_key and not event.data["timings"].get("result_cache_hit"):
+                self.results.put(gen.work.result_key, {"text": text, "finish_reason": event.data["finish_reason"],
+                                                       "usage": usage})
+        else:
+            self.counters.add("cancelled" if isinstance(event.error, Cancelled) else "errors")
         self._leave(gen)
-        gen.queue.put(Event("error", error=error))
-
-    def _finish(self, gen: Generation, timings: dict, finish: str, usage: dict, choices: list | None = None) -> None:
-        n = usage["completion_tokens"]
-        self.counters.add("completed")
-        self.counters.add("prompt_tokens", usage["prompt_tokens"])
-        self.counters.add("completion_tokens", n)
-        self.last_timings = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in timings.items()}
-        log.info("%s done: %s", gen.id, " ".join(f"{k}={v}" for k, v in self.last_timings.items()))
-        self._leave(gen)
-        data = {"finish_reason": finish, "usage": usage, "timings": self.last_timings}
-        if choices is not None:
-            data["choices"] = choices
-        gen.queue.put(Event("done", data=data))
 
     def _leave(self, gen: Generation) -> None:
         """Its place in the queue and its id are free again (once, whatever ended it)."""

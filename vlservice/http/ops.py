@@ -3,15 +3,24 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import os
+from importlib import resources
 
 from flask import Blueprint, Response, current_app, render_template
 
 from .appstate import current
-from ..demo.prompts import presets
 from ..errors import NotReady
 
 bp = Blueprint("web", __name__)
+
+
+@functools.cache
+def presets() -> list[dict[str, str]]:
+    """The page's preset buttons: [{"name", "en", "zh", "media"}, ...], an asset written from the
+    demo model's own questions (`python -m vlservice.demo.prompts`)."""
+    return json.loads(resources.files("vlservice").joinpath("assets/presets.json").read_text(encoding="utf-8"))
 
 
 @bp.get("/")

@@ -380,7 +380,8 @@ def main(argv: list | None = None) -> int:
     import tempfile
     from pathlib import Path
 
-    from .harness import ROOT, cpu_info, run_record
+    from ..obs.records import cpu_info, run_record
+    from .harness import ROOT
 
     ap = argparse.ArgumentParser(prog="python -m vlservice edge", description=main.__doc__)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "edge.json")

@@ -17,19 +17,9 @@ import sys
 import time
 from pathlib import Path
 
+from ..obs.records import cpu_info, run_record
+
 ROOT = Path(__file__).resolve().parents[2]
-FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
-
-
-def cpu_info(threads: int) -> dict:
-    """The CPU this ran on: model name, the flags that matter for these kernels, threads."""
-    from ..obs.cpu import cpu_model_and_flags
-
-    model, flags = cpu_model_and_flags()
-    return {"model": model, "flags": [f for f in FLAGS if f in flags], "threads": threads,
-            "logical_cpus": os.cpu_count()}
-
-
 class Server:
     """The real server, started as users start it, for one configuration."""
 
@@ -186,12 +176,6 @@ def start_report(args) -> tuple:
     model_dir, _ = bench_model(settings.cache_path, args.quick)
     return settings, model_dir, {"cpu": cpu_info(settings.num_threads), **run_record(),
                                  "limits": machine_limits(settings.num_threads, args.quick)}
-
-
-def run_record() -> dict:
-    """When and by which command a report was made (every committed number names both)."""
-    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "command": "python -m vlservice " + " ".join(sys.argv[1:])}
 
 
 def md_table(headers: list, rows: list, colalign: tuple | None = None) -> list[str]:

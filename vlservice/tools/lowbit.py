@@ -210,7 +210,7 @@ def main(argv=None) -> int:
     from ..config import Settings
     from .harness import machine_limits
     from .checkpoints import TINY, real_architecture
-    from .harness import cpu_info
+    from ..obs.records import cpu_info
 
     ap = argparse.ArgumentParser(prog="python -m vlservice bench --lowbit", description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", default="1,4")

@@ -92,7 +92,7 @@ def measure(workers: int, timeout: float = 900) -> dict:
                          "uss_mib": round(m.uss / 2**20), **_rollup_mib(p.pid),
                          "peak_rss_mib": _peak_rss_mib(p.pid)})
         from ..config import Settings
-        from .harness import cpu_info
+        from ..obs.records import cpu_info
 
         import dataclasses
 
@@ -153,7 +153,7 @@ def pod(llm: str, limit_mib: int | None, timeout: float = 1800) -> dict:
 
     from ..config import Settings
     from .concurrency import run_clients
-    from .harness import cpu_info, run_record
+    from ..obs.records import cpu_info, run_record
     from .workloads import encode_jpeg, photo_like
 
     group = Cgroup(f"vlservice-pod-{os.getpid()}", limit_mib)

@@ -154,7 +154,7 @@ def kernel_table(report: dict) -> list[str]:
 
 def main(argv=None) -> int:
     from ..config import Settings
-    from .harness import cpu_info, run_record
+    from ..obs.records import cpu_info, run_record
     from .workloads import bench_model
 
     ap = argparse.ArgumentParser(prog="python -m vlservice bench --prefill", description=__doc__.split("\n\n")[0])

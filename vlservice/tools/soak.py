@@ -845,7 +845,7 @@ class Soak:
             reasons.append("no request was sent")
         stats_keys = ("pid", "rss_bytes", "queue_depth", "busy", "cache", "kv_cache", "result_cache", "shared_cache",
                       "counters", "encoder_calls")
-        from .harness import cpu_info
+        from ..obs.records import cpu_info
 
         return {
             # the machine the clients and (with --serve) the server ran on, and the command

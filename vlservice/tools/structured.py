@@ -123,7 +123,8 @@ def main(argv=None) -> int:
     from openai import OpenAI
 
     from ..config import Settings
-    from .harness import Server, cpu_info, run_record
+    from ..obs.records import cpu_info, run_record
+    from .harness import Server
 
     ap = argparse.ArgumentParser(prog="python -m vlservice bench --structured", description=__doc__.split("\n\n")[0])
     ap.add_argument("n", type=int, nargs="?", default=200)
