@@ -25,7 +25,7 @@ ARTIFACTS = ROOT / "artifacts"
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    from vlservice.tools.checkpoints import make_model
+    from vlservice.build.checkpoints import make_model
 
     return make_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
 

@@ -145,7 +145,7 @@ def _size(n: int) -> str:
 # --------------------------------------------------------------------------- make-test-model
 
 def cmd_make_test_model(args) -> int:
-    from .tools.checkpoints import REAL, TINY, make_model
+    from .build.checkpoints import REAL, TINY, make_model
 
     if args.vocab_limit is not None and args.vocab_limit < 1:
         raise CLIError(f"--vocab-limit must be >= 1, got {args.vocab_limit}")
@@ -159,7 +159,7 @@ def cmd_make_test_model(args) -> int:
 
 def export_files(service, backends) -> list:
     """[(backend, path, stats)] for each backend, exported/quantised if not there yet."""
-    from .engine.vision import ensure_onnx
+    from .engine.model.vision import ensure_onnx
 
     out = []
     for backend in backends:
@@ -193,7 +193,7 @@ def cmd_export(args) -> int:
             timing += " (already exported)"
         print(f"{backend}: {path}  {_size(int(stats.get('file_bytes', 0)))}  {timing}", flush=True)
     if service.decoder_stats:  # VL_LLM_QUANT=int4: the 4-bit decoder graph, built when the service loaded
-        from .engine.ortdecode import ensure_decoder
+        from .engine.model.ortdecode import ensure_decoder
 
         path, stats = ensure_decoder(service.source.path, settings.cache_path)
         built = service.decoder_stats.get("export_s", 0.0)

@@ -61,7 +61,7 @@ class Settings:
     model: str = ""  # VL_MODEL: hub id, local dir or "demo"; empty = default hub model, else demo
     cache_dir: str = field(default_factory=_default_cache_dir)
     vision_backend: str = "onnx-int8"
-    llm_quant: str = ""  # "" (float32), opt-in "int8" (engine/quant.py) or "int4" (engine/ortdecode.py)
+    llm_quant: str = ""  # "" (float32), opt-in "int8" (engine/model/quant.py) or "int4" (engine/model/ortdecode.py)
     llm_prepack: bool = True  # float32 LLM: weights reordered once for oneDNN (faster small-batch products)
     threads: int = 0  # 0 = physical cores / workers
     workers: int = 1  # Gunicorn worker processes (read here to split the cores between them)

@@ -3,7 +3,7 @@
  * about, while the answer streams, with their labels, a colour per label, a toggle to hide them
  * and a download of the image with the boxes.
  *
- * The parser is the page's copy of vlservice/engine/grounding.py (see there for the format and why
+ * The parser is the page's copy of vlservice/engine/output/grounding.py (see there for the format and why
  * braces are matched instead of parsing JSON): the API's `grounding` field only comes with the last
  * chunk, and the page draws each object the moment its closing brace arrives. The model's 0-1000
  * coordinates are drawn on a canvas the size of the image the page sent, which is the (downscaled)

@@ -72,7 +72,7 @@ export function fitToBudget(w, h, budget) {
 }
 
 /**
- * The server's smart_resize (vlservice/engine/images.py), to the letter: each side rounded to a
+ * The server's smart_resize (vlservice/engine/media/images.py), to the letter: each side rounded to a
  * multiple of the factor, then brought within the pixel budget (never below the model's
  * min_pixels) or, only when it is under it, up to min_pixels. Returns the image tokens,
  * (h/f)*(w/f) for the resized h x w.

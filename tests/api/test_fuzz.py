@@ -356,7 +356,7 @@ def test_openapi_document_is_valid_openapi_31(api_key):
     props = doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]
     assert props["max_tokens"]["maximum"] == props["max_completion_tokens"]["maximum"] == 300
     # the example request is a valid chat request with a real PNG
-    from vlservice.engine.images import probe
+    from vlservice.engine.media.images import probe
     from vlservice.protocol import parse_chat
 
     example = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"][

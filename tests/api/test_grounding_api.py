@@ -12,7 +12,7 @@ import requests
 
 from conftest import data_url, png_bytes, scene
 from vlservice.demo.prompts import PROMPTS
-from vlservice.engine.grounding import grounding, parse
+from vlservice.engine.output.grounding import grounding, parse
 
 pytestmark = pytest.mark.server
 

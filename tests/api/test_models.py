@@ -45,7 +45,7 @@ def test_a_configured_model_that_cannot_load_stops_the_start(tmp_path, value, ex
 
 def test_resolve_directory_and_demo(tiny_model_dir):
     from vlservice.errors import ModelLoadError
-    from vlservice.engine.checkpoints import resolve
+    from vlservice.engine.model.checkpoints import resolve
 
     src = resolve(str(tiny_model_dir))
     assert src.path == tiny_model_dir.resolve() and not src.is_demo

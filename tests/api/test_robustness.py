@@ -212,7 +212,7 @@ def test_request_body_too_large_is_413(make_server):
 
 def _added_tokens() -> list[str]:
     """The demo tokenizer's added tokens (its control markers), from its own file."""
-    from vlservice.engine.checkpoints import bundled_demo_path
+    from vlservice.engine.model.checkpoints import bundled_demo_path
 
     return [t["content"] for t in json.loads((bundled_demo_path() / "tokenizer.json").read_text())["added_tokens"]]
 

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import ARTIFACTS, png_bytes
 from vlservice.demo.prompts import PROMPTS
-from vlservice.engine.grounding import grounding, parse
+from vlservice.engine.output.grounding import grounding, parse
 
 pytestmark = [pytest.mark.browser, pytest.mark.server]
 

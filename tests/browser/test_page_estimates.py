@@ -4,7 +4,7 @@ The page scales an image to the pixel budget of its `detail` and says how many i
 will cost; for a clip, how many frames the server samples and what they cost. Its functions
 (static/js/images.js `planImage`, static/js/video.js `sampledFrames` and `videoTokens`) run here in
 Chromium, with the numbers of /api/config; the server's counts come from the engine's own resizing
-(vlservice/engine/images.py and video.py, called as the service calls them), and a few cases from
+(vlservice/engine/media/images.py and video.py, called as the service calls them), and a few cases from
 the real server's `timings` (image_tokens, video_tokens). They must agree exactly.
 
 Two model specs: the demo model the test server serves (its /api/config as served), and
@@ -70,7 +70,7 @@ class Spec:
 
     def image_tokens(self, w: int, h: int, detail: str) -> int:
         """The tokens the service counts for a w x h upload (images.load -> prepare: the grid)."""
-        from vlservice.engine import images
+        from vlservice.engine.media import images
 
         spec, budget = self.image, self.settings.detail_pixels(detail)
         th, tw = images.smart_resize(h, w, spec.factor, images._floor(spec, images._budget(spec, budget), None),
@@ -80,7 +80,7 @@ class Spec:
 
     def sampled(self, frames: int, fps: float) -> int:
         """How many frames the service samples from the clip (video.decode)."""
-        from vlservice.engine import video
+        from vlservice.engine.media import video
 
         s, spec = self.settings, self.video
         cap = min(s.max_video_frames, s.max_video_frames, spec.max_frames)
@@ -89,7 +89,7 @@ class Spec:
 
     def video_tokens(self, n: int, w: int, h: int, detail: str) -> int:
         """The tokens of n sampled frames of w x h (video.prepare: one size, padded to pairs)."""
-        from vlservice.engine import video
+        from vlservice.engine.media import video
 
         spec = self.video
         th, tw = video.target_size(n, h, w, spec, self.settings.video_frame_pixels(detail))
@@ -98,8 +98,8 @@ class Spec:
 
 
 def demo_spec() -> Spec:
-    from vlservice.engine import images, video
-    from vlservice.engine.checkpoints import bundled_demo_path
+    from vlservice.engine.media import images, video
+    from vlservice.engine.model.checkpoints import bundled_demo_path
 
     path = bundled_demo_path()
     pre = json.loads((path / "preprocessor_config.json").read_text())
@@ -108,7 +108,7 @@ def demo_spec() -> Spec:
 
 def qwen3_vl_2b_spec() -> Spec:
     """Qwen3-VL-2B-Instruct's processor settings (size.shortest_edge 65536, longest_edge 16777216)."""
-    from vlservice.engine import images, video
+    from vlservice.engine.media import images, video
 
     pre = {"patch_size": 16, "merge_size": 2, "temporal_patch_size": 2,
            "size": {"shortest_edge": 65536, "longest_edge": 16777216}}

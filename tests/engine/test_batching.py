@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import png_bytes, scene
-from vlservice.engine.prepare import chat_prompt
+from vlservice.engine.media.prepare import chat_prompt
 from vlservice.engine.types import ChatRequest, ImageInput, Message, Sampling
 
 QUESTION = "What is in this image?"
@@ -68,7 +68,7 @@ def _generic_forward(svc, prompt, feats, steps: int):
 
 def test_lean_forward_gives_the_generic_forward_bits_at_batch_one(service_for):
     """The lean per-step loop runs the model's own modules in the generic forward's order."""
-    from vlservice.engine import images as I
+    from vlservice.engine.media import images as I
 
     svc = service_for("torch")
     rgb = I.decode(png_bytes(scene(120, 160, seed=3)), svc.limits)
@@ -90,8 +90,8 @@ def test_a_prompt_chunk_riding_with_running_tokens_gives_what_each_pass_gives_al
     rows and deepstack inside it) gives each the logits and the cache contents of its own pass."""
     import copy
 
-    from vlservice.engine import images as I
-    from vlservice.engine.lm import Chunk, SeqPos
+    from vlservice.engine.media import images as I
+    from vlservice.engine.model.lm import Chunk, SeqPos
 
     svc = service_for("torch")
     lean = svc.lean
@@ -141,7 +141,7 @@ def test_int8_rows_do_not_depend_on_their_batch():
     larger (PyTorch's per-tensor dynamic quantisation changed it by up to 29%)."""
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    from vlservice.engine.quant import make_rows_independent
+    from vlservice.engine.model.quant import make_rows_independent
 
     torch.manual_seed(0)
     plain = quantize_dynamic(torch.nn.Sequential(torch.nn.Linear(256, 128, bias=False)),
@@ -165,7 +165,7 @@ def test_a_row_scaled_int8_linear_reads_its_weights_once():
     results keep the bias; new weights (set_weight_bias) bring their own bias."""
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    from vlservice.engine.quant import make_rows_independent
+    from vlservice.engine.model.quant import make_rows_independent
 
     torch.manual_seed(0)
     lin = quantize_dynamic(torch.nn.Sequential(torch.nn.Linear(64, 32)),
@@ -324,7 +324,7 @@ def test_waiting_requests_time_out_and_cancel_in_the_queue(settings_for):
 def test_kv_of_a_sequence_grows_and_copies_only_what_is_filled():
     import copy
 
-    from vlservice.engine.kv import BLOCK, SeqKV
+    from vlservice.engine.model.kv import BLOCK, SeqKV
 
     kv = SeqKV(layers=2, kv_heads=2, head_dim=4)
     for step in range(BLOCK + 3):

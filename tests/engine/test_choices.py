@@ -10,9 +10,9 @@ import threading
 import pytest
 
 from conftest import png_bytes, scene, wait_until
-from vlservice.engine import policy
-from vlservice.engine.constrain import grammar_for
-from vlservice.engine.sequence import choice_seed
+from vlservice.engine.batching import policy
+from vlservice.engine.output.constrain import grammar_for
+from vlservice.engine.batching.sequence import choice_seed
 from vlservice.errors import InvalidRequest
 from vlservice.engine.types import ChatRequest, ImageInput, Message, Sampling
 

@@ -22,7 +22,7 @@ def evaluation(cache_dir):
     The session's cache folder: the ONNX encoders the servers export are reused, not made again (no
     feature, KV or result cache persists there: eval-demo turns them off)."""
     from vlservice.demo.evaluate import DEV_SEED, run
-    from vlservice.engine.checkpoints import bundled_demo_path
+    from vlservice.engine.model.checkpoints import bundled_demo_path
 
     return run(bundled_demo_path(), N_HELD_OUT, seed=DEV_SEED, cache_dir=cache_dir, threads=2)
 
@@ -31,7 +31,7 @@ def evaluation(cache_dir):
 def readme_evaluation(tmp_path_factory):
     """docs/demo-model.md's held-out set (n=500, the report seed), PyTorch vision path only (about 30 s)."""
     from vlservice.demo.evaluate import REPORT_SEED, run
-    from vlservice.engine.checkpoints import bundled_demo_path
+    from vlservice.engine.model.checkpoints import bundled_demo_path
 
     return run(bundled_demo_path(), 500, seed=REPORT_SEED, cache_dir=tmp_path_factory.mktemp("eval500"),
                threads=2, backends=("torch",))
@@ -100,7 +100,7 @@ def test_the_sets_beyond_the_presets_are_scored_through_the_service(tmp_path):
     sent as videos, scored per task through the service's submit path."""
     from vlservice.demo.evaluate import DEV_SEED, run
     from vlservice.demo.heldout import SETS
-    from vlservice.engine.checkpoints import bundled_demo_path
+    from vlservice.engine.model.checkpoints import bundled_demo_path
 
     out = run(bundled_demo_path(), 4, seed=DEV_SEED, cache_dir=tmp_path, threads=2, backends=("torch",), sets_n=12)
     assert set(out["sets"]) == {name for name, *_ in SETS}
@@ -148,7 +148,7 @@ def test_video_accuracy_on_held_out_clips(tmp_path):
     """Issue 16.6: the report seed's first held-out clips of both sets (phrasings the training never
     saw, and the presets), through the service's video path. eval-demo's n=125 per set does the same on more clips."""
     from vlservice.demo.evaluate import REPORT_SEED, run
-    from vlservice.engine.checkpoints import bundled_demo_path
+    from vlservice.engine.model.checkpoints import bundled_demo_path
 
     out = run(bundled_demo_path(), 1, seed=REPORT_SEED, cache_dir=tmp_path, threads=2, backends=("torch",), sets_n=4)
     right = sum(r["accuracy"]["video"] * r["counts"]["video"] for r in out["sets"].values())

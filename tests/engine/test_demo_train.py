@@ -62,11 +62,11 @@ def test_trained_checkpoint_serves(runs, tmp_path):
 def test_batches_pack_follow_up_turns_and_label_only_the_answers():
     from transformers import AutoTokenizer
 
-    from vlservice.engine import images as I
+    from vlservice.engine.media import images as I
     from vlservice.demo.data import follow_ups, make_sample
     from vlservice.demo.train import DEMO_PREPROCESSOR, Batcher
-    from vlservice.engine.checkpoints import bundled_demo_path
-    from vlservice.tools.checkpoints import preprocessor_config, real_architecture
+    from vlservice.engine.model.checkpoints import bundled_demo_path
+    from vlservice.build.checkpoints import preprocessor_config, real_architecture
 
     tok = AutoTokenizer.from_pretrained(str(bundled_demo_path()))
     pre = preprocessor_config(real_architecture())
@@ -101,10 +101,10 @@ def test_continuing_with_a_grown_vocabulary_keeps_what_the_model_knew():
 
     from vlservice.demo.data import iter_samples
     from vlservice.demo.train import DEMO_PREPROCESSOR, VOCAB_LIMIT, Batcher, adopt_vocabulary, corpus_texts
-    from vlservice.engine import images as I
-    from vlservice.engine.checkpoints import bundled_demo_path
-    from vlservice.tools.checkpoints import preprocessor_config, real_architecture, token_ids
-    from vlservice.tools.tokenizer import build_tokenizer
+    from vlservice.engine.media import images as I
+    from vlservice.engine.model.checkpoints import bundled_demo_path
+    from vlservice.build.checkpoints import preprocessor_config, real_architecture, token_ids
+    from vlservice.build.tokenizer import build_tokenizer
 
     shipped_tok = AutoTokenizer.from_pretrained(str(bundled_demo_path()))
     presets = sorted({t for s in iter_samples(12345, 4000) for t in (s.question, s.answer)})
@@ -141,10 +141,10 @@ def test_clips_join_a_batch_with_the_serving_paths_prompt_and_train_the_model():
     from vlservice.demo.clips import make_clip
     from vlservice.demo.data import make_sample
     from vlservice.demo.train import DEMO_PREPROCESSOR, VIDEO_FRAME_PIXELS, Batcher
-    from vlservice.engine import images as I
-    from vlservice.engine import video as V
-    from vlservice.engine.checkpoints import bundled_demo_path
-    from vlservice.tools.checkpoints import preprocessor_config, real_architecture, token_ids
+    from vlservice.engine.media import images as I
+    from vlservice.engine.media import video as V
+    from vlservice.engine.model.checkpoints import bundled_demo_path
+    from vlservice.build.checkpoints import preprocessor_config, real_architecture, token_ids
 
     path = bundled_demo_path()
     tok = AutoTokenizer.from_pretrained(str(path))
@@ -184,9 +184,9 @@ def test_coordinate_digits_weigh_more_in_the_answer_loss_and_nothing_else_does()
     from vlservice.demo.render import make_styled_sample
     from vlservice.demo.data import boxes_1000
     from vlservice.demo.train import DEMO_PREPROCESSOR, Batcher, answer_losses
-    from vlservice.engine import images as I
-    from vlservice.engine.checkpoints import bundled_demo_path
-    from vlservice.tools.checkpoints import preprocessor_config, real_architecture, token_ids
+    from vlservice.engine.media import images as I
+    from vlservice.engine.model.checkpoints import bundled_demo_path
+    from vlservice.build.checkpoints import preprocessor_config, real_architecture, token_ids
 
     path = bundled_demo_path()
     tok = AutoTokenizer.from_pretrained(str(path))

@@ -62,7 +62,7 @@ def test_answers_depend_on_the_image(service_for):
 
 
 def test_onnx_fp32_matches_torch_and_int8_keeps_cosine(service_for):
-    from vlservice.engine import images as I
+    from vlservice.engine.media import images as I
 
     torch_enc = service_for("torch").encoder
     fp32 = service_for("onnx-fp32").encoder
@@ -81,13 +81,13 @@ def test_onnx_fp32_matches_torch_and_int8_keeps_cosine(service_for):
 
 def test_onnx_files_are_cached_by_fingerprint(service_for, cache_dir):
     svc = service_for("onnx-int8")
-    from vlservice.engine.vision import int8_folder
+    from vlservice.engine.model.vision import int8_folder
 
     folder = cache_dir / "onnx" / svc.model_fp  # one folder per checkpoint and recipe, reused
     int8 = folder / int8_folder()  # unsigned weights where the CPU has no VNNI
     assert (folder / "fp32" / "model.onnx").is_file() and (int8 / "model.onnx").is_file()
     assert len([f for f in (cache_dir / "onnx").iterdir() if f.name == svc.model_fp]) == 1
-    from vlservice.engine.vision import ensure_onnx
+    from vlservice.engine.model.vision import ensure_onnx
 
     _, stats = ensure_onnx(svc.source.path, svc.model.model.visual, cache_dir, "onnx-int8")
     assert stats["fingerprint"] == svc.model_fp and stats["export_s"] == 0 and stats["quantize_s"] == 0
@@ -113,7 +113,7 @@ def test_feature_cache_hit_skips_the_encoder(service_for):
 
 def test_disk_cache_survives_restart_and_drops_corrupt_entries(tmp_path):
     from vlservice.engine.caches import FeatureCache
-    from vlservice.engine.vision import VisionFeatures
+    from vlservice.engine.model.vision import VisionFeatures
 
     feats = VisionFeatures(np.ones((4, 8), np.float32), [np.zeros((4, 8), np.float32)] * 3)
     a = FeatureCache(1 << 20, tmp_path, 1 << 20)
@@ -129,7 +129,7 @@ def test_disk_cache_survives_restart_and_drops_corrupt_entries(tmp_path):
 
 def test_memory_cache_is_bounded_in_bytes():
     from vlservice.engine.caches import FeatureCache
-    from vlservice.engine.vision import VisionFeatures
+    from vlservice.engine.model.vision import VisionFeatures
 
     cache = FeatureCache(3 * 4 * 8 * 4 * 2)  # room for three entries of (embeds + one deepstack)
     for i in range(5):
@@ -147,7 +147,7 @@ def test_multi_turn_and_two_images(service_for):
     r = ask(svc, "And the colors?", role_history=history)
     assert r["usage"]["completion_tokens"] >= 1 and r["timings"]["image_tokens"] > 0
     r2 = ask(svc, ImageInput(a), ImageInput(b), "Compare them.")
-    from vlservice.engine import images as I
+    from vlservice.engine.media import images as I
 
     expected = sum(I.prepare(I.decode(x), svc.spec, svc.settings.detail_auto_pixels).num_tokens for x in (a, b))
     assert r2["timings"]["image_tokens"] == expected
@@ -352,7 +352,7 @@ def test_llm_int8_is_stored_once_and_loaded_without_float_linears(settings_for, 
     from torch.ao.nn.quantized.dynamic import Linear as QLinear
     from transformers import Qwen3VLForConditionalGeneration
 
-    from vlservice.engine.quant import int8_path, make_rows_independent, quantize_llm_int8
+    from vlservice.engine.model.quant import int8_path, make_rows_independent, quantize_llm_int8
     from vlservice.engine.service import load_service
 
     settings = settings_for(vision_backend="onnx-int8", llm_quant="int8", warmup=False, disk_cache_mb=0)
@@ -450,7 +450,7 @@ def test_int8_encoder_weights_are_unsigned_where_the_cpu_has_no_vnni(service_for
     import onnx
     from onnx import TensorProto
 
-    from vlservice.engine.vision import cpu_has_vnni, int8_folder
+    from vlservice.engine.model.vision import cpu_has_vnni, int8_folder
 
     svc = service_for("onnx-int8")
     proto = onnx.load(str(cache_dir / "onnx" / svc.model_fp / int8_folder() / "model.onnx"), load_external_data=False)

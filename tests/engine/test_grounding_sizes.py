@@ -8,7 +8,7 @@ import io
 
 import numpy as np
 
-from vlservice.engine.grounding import grounding, parse
+from vlservice.engine.output.grounding import grounding, parse
 from vlservice.engine.types import ChatRequest, ImageInput, Message, Sampling
 
 from conftest import png_bytes, scene

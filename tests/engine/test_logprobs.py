@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import png_bytes, scene
-from vlservice.engine.sampling import Sampler
+from vlservice.engine.output.sampling import Sampler
 from vlservice.engine.types import ChatRequest, ImageInput, Message, Sampling
 
 

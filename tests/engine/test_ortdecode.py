@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import png_bytes, scene
-from vlservice.engine.prepare import chat_prompt
+from vlservice.engine.media.prepare import chat_prompt
 from vlservice.engine.types import ChatRequest, ImageInput, Message, Sampling
 
 QUESTION = "What is in this image?"
@@ -18,7 +18,7 @@ QUESTION = "What is in this image?"
 def _inputs(svc, picture: int):
     """A prompt with picture number `picture` (or text only for -1) as the passes' inputs:
     ((embeds, positions, visual mask, deepstack), position)."""
-    from vlservice.engine import images as I
+    from vlservice.engine.media import images as I
 
     media, parts = [], [QUESTION]
     if picture >= 0:
@@ -33,7 +33,7 @@ def _inputs(svc, picture: int):
 def _chunked(lm, inputs, cuts):
     """Prefill `inputs` in chunks ending at `cuts` (as `Sequence.chunk` slices them); returns
     (kv, the last chunk's logits)."""
-    from vlservice.engine.lm import Chunk
+    from vlservice.engine.model.lm import Chunk
 
     embeds, positions, visual, deepstack = inputs
     kv, a, logits = lm.new_kv(), 0, None
@@ -56,8 +56,8 @@ def test_the_onnx_graph_runs_prompts_and_answers_as_pytorch_float32(service_for,
     same logits and caches (and the deepstack inputs matter: without them the logits move); then
     three sequences of different lengths and M-RoPE offsets decode in one batch (their caches moved
     into one arena), members leave (their caches copied out, intact) and the rest go on."""
-    from vlservice.engine.lm import SeqPos
-    from vlservice.engine.ortdecode import OrtLM, ensure_decoder
+    from vlservice.engine.model.lm import SeqPos
+    from vlservice.engine.model.ortdecode import OrtLM, ensure_decoder
 
     svc = service_for("onnx-int8")
     path, stats = ensure_decoder(tiny_model_dir, cache_dir, "fp32")
@@ -126,7 +126,7 @@ def test_int4_answers_batched_as_alone_and_a_cancelled_one_frees_its_slot(settin
     """The served 4-bit path, one graph for prompts and answers and no PyTorch copy of the language
     model; batched answers (greedy and seeded, mixed lengths, prompt chunks between running tokens)
     equal the answers given one at a time, and a cancelled request leaves while the others finish."""
-    from vlservice.engine.ortdecode import OrtLM
+    from vlservice.engine.model.ortdecode import OrtLM
     from vlservice.engine.service import load_service
 
     common = dict(llm_quant="int4", kv_cache_mb=0, queue_size=16, warmup=True, disk_cache_mb=0)

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from conftest import png_bytes, scene
-from vlservice.engine.constrain import Grammars, grammar_for
-from vlservice.engine.sampling import Sampler
+from vlservice.engine.output.constrain import Grammars, grammar_for
+from vlservice.engine.output.sampling import Sampler
 from vlservice.engine.types import ChatRequest, ImageInput, Message, Sampling
 
 SHAPES = {"type": "object", "properties": {
@@ -41,7 +41,7 @@ SCHEMAS = [SHAPES, CAPTION, NESTED]
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from vlservice.engine.checkpoints import bundled_demo_path
+    from vlservice.engine.model.checkpoints import bundled_demo_path
 
     return AutoTokenizer.from_pretrained(str(bundled_demo_path()))
 

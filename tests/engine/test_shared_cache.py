@@ -179,7 +179,7 @@ def test_urls_are_shown_without_credentials(url, shown):
 
 def forge(feats, how: str):
     """A planted feature entry: packed with a valid checksum, but not what the image's grid implies."""
-    from vlservice.engine.vision import VisionFeatures
+    from vlservice.engine.model.vision import VisionFeatures
 
     if how == "tokens":  # another image's features: fewer rows
         return VisionFeatures(feats.embeds[:-4].copy(), [d[:-4].copy() for d in feats.deepstack])
@@ -217,7 +217,7 @@ def test_a_forged_feature_entry_on_disk_is_a_miss_and_is_replaced(service_for):
     """The disk tier of a running service: an entry planted under an image's key before it is
     asked about is refused, and the encoder's features replace it."""
     from vlservice.engine.caches import FeatureCache
-    from vlservice.engine.vision import VisionFeatures
+    from vlservice.engine.model.vision import VisionFeatures
 
     svc = service_for("onnx-int8")
     assert svc.cache.disk_dir is not None

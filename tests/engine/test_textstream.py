@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from vlservice.engine.textstream import TextStream
+from vlservice.engine.output.textstream import TextStream
 
 # An emoji and a rare CJK ideograph: each is encoded as several byte-level pieces.
 TEXT = "A parrot 🦜 said 𠀀 twice."

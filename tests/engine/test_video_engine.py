@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vlservice.engine import video
-from vlservice.engine.prepare import chat_prompt
+from vlservice.engine.media import video
+from vlservice.engine.media.prepare import chat_prompt
 from vlservice.engine.types import ChatRequest, Message, Sampling, VideoInput
 
 from conftest import make_clip

@@ -13,7 +13,7 @@ from conftest import ROOT
 
 
 def bundled() -> Path:
-    from vlservice.engine.checkpoints import bundled_demo_path
+    from vlservice.engine.model.checkpoints import bundled_demo_path
 
     return bundled_demo_path()
 

@@ -72,7 +72,7 @@ def test_values_up_to_the_limit_pass_across_scan_chunks(monkeypatch):
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from vlservice.engine.checkpoints import bundled_demo_path
+    from vlservice.engine.model.checkpoints import bundled_demo_path
 
     return AutoTokenizer.from_pretrained(bundled_demo_path())
 

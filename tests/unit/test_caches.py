@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from vlservice.engine.caches import FeatureCache, ResultCache
-from vlservice.engine.vision import VisionFeatures
+from vlservice.engine.model.vision import VisionFeatures
 
 from conftest import wait_for_a_later_mtime
 

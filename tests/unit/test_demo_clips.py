@@ -11,7 +11,7 @@ from vlservice.demo.clips import iter_clips, make_clip
 from vlservice.demo.data import COLORS
 from vlservice.demo.phrasings import HELD_OUT, TRAIN
 from vlservice.demo.prompts import VIDEO_PRESETS
-from vlservice.engine import video as V
+from vlservice.engine.media import video as V
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 SPEC = V.VideoSpec()

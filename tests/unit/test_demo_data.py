@@ -259,7 +259,7 @@ def test_label_maps_mark_what_is_drawn(samples):
 
 
 def test_token_targets_follow_the_encoder_token_order():
-    from vlservice.engine import images as I
+    from vlservice.engine.media import images as I
     from vlservice.demo.data import boxes_1000
     from vlservice.demo.train import BOX_TARGETS, DIGIT_TARGETS, POSITION_TARGETS, token_targets
 

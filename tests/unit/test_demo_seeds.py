@@ -25,7 +25,7 @@ def digest(sample) -> bytes:
 
 def recorded_runs() -> list[dict]:
     """The shipped model's training runs, first to last (each `training.json` nests the one it continued)."""
-    from vlservice.engine.checkpoints import bundled_demo_path
+    from vlservice.engine.model.checkpoints import bundled_demo_path
 
     run, runs = json.loads((bundled_demo_path() / "training.json").read_text()), []
     while run:

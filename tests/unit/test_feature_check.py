@@ -12,7 +12,7 @@ import pytest
 
 from vlservice.engine.caches import FeatureCache, FeatureShape
 from vlservice.engine.caches import features as features_module
-from vlservice.engine.vision import VisionFeatures
+from vlservice.engine.model.vision import VisionFeatures
 
 SHAPE = FeatureShape.of((1, 8, 12), merge_size=2, hidden=16, layers=3)  # 8*12/4 = 24 tokens
 

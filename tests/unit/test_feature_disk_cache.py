@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from vlservice.engine.caches import FeatureCache
-from vlservice.engine.vision import VisionFeatures
+from vlservice.engine.model.vision import VisionFeatures
 
 from conftest import wait_for_a_later_mtime
 

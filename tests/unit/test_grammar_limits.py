@@ -11,8 +11,8 @@ import llguidance
 import pytest
 
 from vlservice.config import Settings
-from vlservice.engine import constrain
-from vlservice.engine.constrain import GrammarError, Grammars, check_schema, grammar_for
+from vlservice.engine.output import constrain
+from vlservice.engine.output.constrain import GrammarError, Grammars, check_schema, grammar_for
 from vlservice.errors import InvalidRequest
 from vlservice.protocol.parse import parse_chat
 
@@ -114,7 +114,7 @@ def test_compiler_exceptions_are_grammar_errors(monkeypatch):
 def grammars():
     from transformers import AutoTokenizer
 
-    from vlservice.engine.checkpoints import bundled_demo_path
+    from vlservice.engine.model.checkpoints import bundled_demo_path
 
     tok = AutoTokenizer.from_pretrained(str(bundled_demo_path()))
     return Grammars(tok, [tok.convert_tokens_to_ids("<|im_end|>")])

@@ -1,4 +1,4 @@
-"""The grounding parser (vlservice/engine/grounding.py) on answers written the way Qwen3-VL writes
+"""The grounding parser (vlservice/engine/output/grounding.py) on answers written the way Qwen3-VL writes
 them: boxes, points, fenced or bare, with prose around, cut by max_tokens, streamed in pieces cut
 at every offset; malformed objects stay text. And the conversion of its 0-1000 coordinates to
 pixels of the image the request sent (non-square, downscaled by the page, the last of several)."""
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from vlservice.config import Settings
-from vlservice.engine.grounding import GroundingParser, Item, grounding, parse
+from vlservice.engine.output.grounding import GroundingParser, Item, grounding, parse
 from vlservice.http.openapi import spec
 from vlservice.protocol import ChatCompletion
 

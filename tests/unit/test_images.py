@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vlservice.engine import images as I
+from vlservice.engine.media import images as I
 from vlservice.errors import ImageTooLarge, InvalidImage
 
 from conftest import png_bytes, scene

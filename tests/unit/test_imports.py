@@ -83,8 +83,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_resolver_reads_relative_and_function_level_imports():
     mods = modules()
     graph = {name: imports(name, path, set(mods)) for name, path in mods.items()}
-    assert "vlservice.engine.scheduler" in graph["vlservice.engine.service"]  # from .scheduler import Scheduler
-    assert "vlservice.engine.quant" in graph["vlservice.engine.service"]  # inside a method
+    assert "vlservice.engine.batching.scheduler" in graph["vlservice.engine.service"]  # from .scheduler import Scheduler
+    assert "vlservice.engine.model.quant" in graph["vlservice.engine.service"]  # inside a method
     assert "vlservice.config" in graph["vlservice.engine.service"]  # from ..config import Settings
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -104,8 +104,10 @@ def test_the_scheduler_side_never_reaches_back_to_the_service():
     side imports the service or names it (no `self.service`, no `gen.service`)."""
     mods = modules()
     known = set(mods)
-    for name in ("scheduler", "sequence", "generation", "features", "policy", "sampling", "textstream"):
-        mod = f"vlservice.engine.{name}"
+    side = [m for m in mods if m.startswith(("vlservice.engine.batching", "vlservice.engine.output",
+                                              "vlservice.engine.model", "vlservice.engine.media"))]
+    assert "vlservice.engine.batching.scheduler" in side and "vlservice.engine.media.features" in side
+    for mod in side:
         path = mods[mod]
         assert "vlservice.engine.service" not in imports(mod, path, known), mod
         tree = ast.parse(path.read_text())
@@ -113,3 +115,47 @@ def test_the_scheduler_side_never_reaches_back_to_the_service():
                 {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
                 {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args + n.kwonlyargs}
         assert not named & {"service", "svc"}, f"{mod} names the service"
+
+
+# Who may import whom, by top-level part of the package: a part imports only the parts listed
+# for it (and itself); everything above the line a request crosses (http -> protocol -> engine)
+# looks down only, and the offline parts (build < demo < tools) never reach back into each other.
+BELOW = {
+    "config": set(), "errors": set(), "obs": {"config", "errors"},
+    "build": {"config", "errors", "obs"},
+    "engine": {"config", "errors", "obs"},
+    "protocol": {"config", "errors", "engine"},
+    "http": {"config", "errors", "obs", "engine", "protocol"},
+    "demo": {"config", "errors", "obs", "build", "engine"},
+    "tools": {"config", "errors", "obs", "build", "engine", "protocol", "http", "demo"},
+}
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    mods = modules()
+    known = set(mods)
+    wrong = []
+    for name, path in mods.items():
+        part = _part(name)
+        if part not in BELOW:
+            continue
+        for target in imports(name, path, known):
+            other = _part(target)
+            if other in BELOW and other != part and other not in BELOW[part]:
+                wrong.append(f"{name} -> {target}")
+    assert not wrong, "imports up or across the layers:\n" + "\n".join(sorted(wrong))
+
+
+def test_the_protocol_reaches_the_engine_through_its_one_seam():
+    """`vlservice.protocol` uses the engine's request types, media probes and grammar compiler
+    through `vlservice.engine.interface` only."""
+    mods = modules()
+    known = set(mods)
+    reached = {t for name, path in mods.items() if _part(name) == "protocol"
+               for t in imports(name, path, known) if _part(t) == "engine"}
+    assert reached <= {"vlservice.engine", "vlservice.engine.interface"}, sorted(reached)

@@ -12,7 +12,7 @@ import cv2
 import numpy as np
 import pytest
 
-from vlservice.engine import images, video
+from vlservice.engine.media import images, video
 from vlservice.errors import InvalidImage, VideoTooLarge
 from vlservice.tools.edge import jpeg_scan_bomb
 

@@ -11,9 +11,9 @@ import pytest
 
 from conftest import png_bytes, scene
 from vlservice.config import Settings
-from vlservice.engine import images as imgs
-from vlservice.engine import video as vid
-from vlservice.engine.prepare import GONE_CHECK_S, MediaPreparer
+from vlservice.engine.media import images as imgs
+from vlservice.engine.media import video as vid
+from vlservice.engine.media.prepare import GONE_CHECK_S, MediaPreparer
 from vlservice.engine.types import ImageInput
 from vlservice.errors import Cancelled
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from vlservice.config import Settings
-from vlservice.engine import images as imgs
+from vlservice.engine.media import images as imgs
 from vlservice.errors import APIError
 from vlservice.protocol import parse_chat
 

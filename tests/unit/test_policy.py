@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from vlservice.engine import policy
-from vlservice.engine.policy import ALONE_CHUNK, FIRST_CHUNK, GAP_STEPS, MIN_CHUNK, SeqState, Waiter, admit, fair_share
+from vlservice.engine.batching import policy
+from vlservice.engine.batching.policy import ALONE_CHUNK, FIRST_CHUNK, GAP_STEPS, MIN_CHUNK, SeqState, Waiter, admit, fair_share
 
 NOW, TIMEOUT = 100.0, 30.0
 

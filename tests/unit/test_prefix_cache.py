@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from vlservice.engine.caches.prefix import MIN_REUSE, PrefixCache, shared_prefix
-from vlservice.engine.kv import SeqKV
+from vlservice.engine.model.kv import SeqKV
 
 LAYERS, HEADS, DIM = 2, 1, 4
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from vlservice.engine.prompt import IMAGE_PAD, VIDEO_PAD, build_prompt, render_chat
-from vlservice.engine.video import placeholder
+from vlservice.engine.media.video import placeholder
 
 DEMO = Path(__file__).resolve().parents[2] / "vlservice" / "assets" / "demo-model"
 IMAGE_TOKENS, IMAGE_GRID = 6, (1, 4, 6)

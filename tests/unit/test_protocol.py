@@ -131,7 +131,7 @@ def test_bad_requests_are_refused_naming_the_field(name, body, code, param, word
 
 
 def test_response_format_becomes_the_engines_grammar():
-    from vlservice.engine.constrain import grammar_for
+    from vlservice.engine.output.constrain import grammar_for
 
     schema = {"type": "object", "properties": {"a": {"enum": ["x", "y"]}}, "required": ["a"]}
     r, _ = parse_chat({"messages": HI, "response_format": {"type": "json_schema", "json_schema": {

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from vlservice.engine.caches import ResultCache
-from vlservice.engine.sampling import Sampler
+from vlservice.engine.output.sampling import Sampler
 from vlservice.engine.types import Sampling
 
 

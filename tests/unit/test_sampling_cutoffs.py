@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from vlservice.engine.sampling import Sampler
+from vlservice.engine.output.sampling import Sampler
 from vlservice.engine.types import Sampling
 
 # Token 3 is the best, then 7, then 1: close enough that plain sampling at temperature 1 draws all

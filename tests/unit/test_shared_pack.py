@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from vlservice.engine.caches.shared import CorruptEntry, pack_features, unpack_features
-from vlservice.engine.vision import VisionFeatures
+from vlservice.engine.model.vision import VisionFeatures
 
 
 def features() -> VisionFeatures:

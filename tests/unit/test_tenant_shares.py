@@ -4,8 +4,8 @@ places (waiting or running) a tenant may hold while others are active."""
 from __future__ import annotations
 
 from vlservice.config import Settings
-from vlservice.engine import tenants as tenants_module
-from vlservice.engine.tenants import TenantShares
+from vlservice.engine.batching import tenants as tenants_module
+from vlservice.engine.batching.tenants import TenantShares
 from vlservice.http.auth import tenant_keys
 
 

@@ -14,9 +14,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from vlservice.config import Settings
-from vlservice.engine.constrain import GrammarError, tool_grammar
+from vlservice.engine.output.constrain import GrammarError, tool_grammar
 from vlservice.engine.prompt import build_prompt
-from vlservice.engine.toolcalls import CallStream, split_calls
+from vlservice.engine.output.toolcalls import CallStream, split_calls
 from vlservice.errors import InvalidRequest
 from vlservice.protocol import parse_chat
 

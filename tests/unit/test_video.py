@@ -1,4 +1,4 @@
-"""Video decoding and sampling (vlservice/engine/video.py) against the reference's own code.
+"""Video decoding and sampling (vlservice/engine/media/video.py) against the reference's own code.
 
 Clips are made here with OpenCV's VideoWriter (this opencv-python-headless build writes MPEG-4
 part 2 `mp4v`, VP8 and VP9 WebM, MJPEG and Xvid AVI; it has no H.264 encoder), plus one H.264 MP4
@@ -23,7 +23,7 @@ import cv2
 import numpy as np
 import pytest
 
-from vlservice.engine import video
+from vlservice.engine.media import video
 from vlservice.errors import InvalidVideo, VideoTooLarge
 
 from conftest import VIDEO_WRITERS, make_clip

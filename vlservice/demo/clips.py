@@ -8,7 +8,7 @@ right) or stays where it is and changes colour part-way through. Asked "Describe
 
 A clip is written as an MPEG-4 (`mp4v`, which every opencv-python-headless can write) at 8-24 fps
 for 2-5 seconds, so the server samples it at its default 2 fps into 4-10 frames, exactly as it
-samples an upload: training reads the clip through `vlservice.engine.video.load`, the serving
+samples an upload: training reads the clip through `vlservice.engine.media.video.load`, the serving
 path, and evaluation sends the same bytes through the API. The rules that keep the answer
 unambiguous: the two colours differ, both stand out from the background (`data._background`'s
 rule), a move covers at least 40% of the width and a colour change happens between 35% and 65%

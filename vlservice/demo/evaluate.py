@@ -157,7 +157,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from ..engine.checkpoints import bundled_demo_path
+    from ..engine.model.checkpoints import bundled_demo_path
 
     ap = argparse.ArgumentParser(prog="python -m vlservice eval-demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=bundled_demo_path())

@@ -2,7 +2,7 @@
 
 `python -m vlservice train-demo --out DIR [--steps N] [--seed S]` builds the real
 `Qwen3VLForConditionalGeneration` at a tiny size with a small closed Qwen vocabulary, trains it on
-`vlservice.demo.data` samples preprocessed by the serving path itself (`vlservice.engine.images`, so
+`vlservice.demo.data` samples preprocessed by the serving path itself (`vlservice.engine.media.images`, so
 training and serving see identical pixels), and saves a normal checkpoint (safetensors,
 tokenizer, chat template, preprocessor config) that the server loads like the real model.
 Two training aids speed it up (README: The bundled demo model): a per-token loss on the vision
@@ -99,7 +99,7 @@ def adopt_vocabulary(model, old_tok, new_tok) -> None:
     config's special token ids (image, vision start, ...) move with them."""
     import torch
 
-    from ..tools.checkpoints import token_ids
+    from ..build.checkpoints import token_ids
 
     old_vocab, new_vocab = old_tok.get_vocab(), new_tok.get_vocab()
     if old_vocab == new_vocab:
@@ -283,8 +283,8 @@ class Batcher:
         """Token ids and labels (-100 outside the answers) of a chat about one image or clip: the
         sample's question and answer, then each (question, answer) of ``extra`` as a further turn.
         A clip (`clips.Clip`) is read through the serving path's video decoder and sampler."""
-        from ..engine import images as I
-        from ..engine import video as V
+        from ..engine.media import images as I
+        from ..engine.media import video as V
         from ..engine.prompt import build_prompt
 
         is_clip = isinstance(sample, Clip)
@@ -419,15 +419,15 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
     from tqdm import tqdm
     from transformers import Qwen3VLForConditionalGeneration
 
-    from ..engine import images as I
-    from ..tools.checkpoints import (
+    from ..engine.media import images as I
+    from ..build.checkpoints import (
         make_config,
         make_model,
         preprocessor_config,
         real_architecture,
         token_ids,
     )
-    from ..tools.tokenizer import build_tokenizer
+    from ..build.tokenizer import build_tokenizer
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
@@ -447,7 +447,7 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
     pre = preprocessor_config(real_architecture())
     pre.update(DEMO_PREPROCESSOR)
     spec = I.ImageSpec.from_preprocessor_config(pre)
-    from ..engine.video import VideoSpec
+    from ..engine.media.video import VideoSpec
 
     batcher = Batcher(tok, spec, ids["image_token_id"], targets=aux_weight > 0,
                       video_spec=VideoSpec.from_checkpoint(out, pre), video_token_id=ids["video_token_id"],
@@ -538,7 +538,7 @@ def train(out: Path, steps: int, seed: int, batch_size: int, lr: float, threads:
 def refusal(out: Path, seed: int, overwrite_bundled: bool) -> str | None:
     """Why this run must not start, or None: it would replace the shipped model without being asked
     to, or train on the images of a held-out seed."""
-    from ..engine.checkpoints import bundled_demo_path
+    from ..engine.model.checkpoints import bundled_demo_path
     from .evaluate import HELD_OUT_SEEDS
 
     bundled = bundled_demo_path().resolve()

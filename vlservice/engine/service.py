@@ -35,26 +35,26 @@ import numpy as np
 
 from ..config import Settings
 from ..errors import Busy, Cancelled, ContextLengthExceeded, InvalidRequest, NotReady
-from . import images as imgs
-from . import video as vid
+from .media import images as imgs
+from .media import video as vid
 from .caches import FeatureCache, FeatureShape, PrefixCache, ResultCache, SharedStore
-from .checkpoints import DEMO_NOTICE, ModelSource, resolve
-from .constrain import GrammarError, Grammars, explain, param_of
+from .model.checkpoints import DEMO_NOTICE, ModelSource, resolve
+from .output.constrain import GrammarError, Grammars, explain, param_of
 from .counters import Counters
-from .features import FeatureSource
-from .generation import Generation, Work
-from .inputs import ModelInputs
-from .lm import SeqPos
-from .runners import load_lm
-from .prepare import MediaPreparer, chat_prompt, check_text_fits, media_tokens
+from .media.features import FeatureSource
+from .batching.generation import Generation, Work
+from .model.inputs import ModelInputs
+from .model.lm import SeqPos
+from .model.runners import load_lm
+from .media.prepare import MediaPreparer, chat_prompt, check_text_fits, media_tokens
 from .prompt import Prompt, encode
 from .reclaim import malloc_trim, release_file_pages
-from .scheduler import Scheduler
-from .tenants import TenantShares
+from .batching.scheduler import Scheduler
+from .batching.tenants import TenantShares
 from .types import ChatRequest, Event, ImageInput, Message, Sampling
 
 if TYPE_CHECKING:
-    from .vision import Encoder
+    from .model.vision import Encoder
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class VLModelService:
 
     def prepare_files(self) -> None:
         """Export/quantise the ONNX encoder if needed (once, before forking workers)."""
-        from .vision import ensure_onnx, fingerprint
+        from .model.vision import ensure_onnx, fingerprint
 
         self.model_fp = fingerprint(self.source.path)
         if self.settings.vision_backend != "torch":
@@ -147,7 +147,7 @@ class VLModelService:
         """Threads, encoder session, caches and warm-up: after the fork, in each worker."""
         import torch
 
-        from .vision import fingerprint, load_encoder
+        from .model.vision import fingerprint, load_encoder
 
         if self.ready:
             return self
@@ -429,7 +429,7 @@ def load_service(settings: Settings | None = None, start: bool = True) -> VLMode
     service = VLModelService(settings)
     service.prepare_files()
     if settings.vision_backend != "torch":
-        from .quant import release_torch_vision
+        from .model.quant import release_torch_vision
 
         log.info("freed %.0f MB of PyTorch vision weights (ONNX Runtime runs the encoder)",
                  release_torch_vision(service.model) / 2**20)

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 from flask import Blueprint, Response, g, request
 
-from ..engine.toolcalls import CallStream
+from ..engine.output.toolcalls import CallStream
 from ..errors import APIError
 from ..protocol import parse_chat
 from ..protocol.anthropic import (AnthropicError, AnthropicErrorDetail, AnthropicMessage, AnthropicUsage,

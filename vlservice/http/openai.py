@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, cast
 
 from flask import Blueprint, Response, g, request
 
-from ..engine.grounding import GroundingParser, grounding, parse
+from ..engine.output.grounding import GroundingParser, grounding, parse
 from ..errors import NotFound, brief
-from ..engine.toolcalls import CallStream, split_calls
+from ..engine.output.toolcalls import CallStream, split_calls
 from ..protocol import parse_chat
 from ..protocol.answers import (AssistantReply, ChatCompletion, ChatCompletionCancel, ChatCompletionChunk, Choice,
                                 ChoiceLogprobs, ChunkChoice, Delta, Grounding, Model, ModelList, ToolCall,
@@ -24,7 +24,7 @@ from .common import admit, count_requests, read_json, request_headers, sse_respo
 from .disconnect import cancel_on_disconnect
 
 if TYPE_CHECKING:
-    from ..engine.toolcalls import ToolCall as FoundCall  # a call found in the answer (not the API's ToolCall)
+    from ..engine.output.toolcalls import ToolCall as FoundCall  # a call found in the answer (not the API's ToolCall)
 
 bp = Blueprint("api", __name__)
 

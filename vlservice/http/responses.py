@@ -17,7 +17,7 @@ from flask import Blueprint, Flask, Response, current_app, g, request
 from pydantic import ValidationError
 
 from ..config import Settings
-from ..engine.toolcalls import CallStream
+from ..engine.output.toolcalls import CallStream
 from ..errors import APIError, InvalidRequest, NotFound, brief
 from ..protocol import parse_chat
 from ..protocol.answers import answer

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, g
 
-from ..engine.logprobs import TokenText
+from ..engine.output.logprobs import TokenText
 from ..engine.prompt import encode
 from ..engine.types import ChatRequest, Message
 from ..errors import InvalidRequest

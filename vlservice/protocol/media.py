@@ -8,9 +8,7 @@ from dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
 from ..config import Settings
-from ..engine.images import probe
-from ..engine.types import ImageInput, VideoInput
-from ..engine.video import sniff
+from ..engine.interface import ImageInput, VideoInput, probe, sniff
 from ..errors import APIError, ImageTooLarge, InvalidImage, InvalidRequest, InvalidVideo, VideoTooLarge, brief
 from .base import _DATA_URL, MEDIA_TYPES, VIDEO_TYPES, _first
 from .messages import ImagePart, ImageURL, InputVideoPart, MMProcessorKwargs, TextPart, VideoPart, VideoURL

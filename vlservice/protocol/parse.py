@@ -7,7 +7,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from ..config import Settings
-from ..engine.types import ChatRequest, Message, Sampling
+from ..engine.interface import ChatRequest, Message, Sampling
 from ..errors import InvalidRequest
 from .base import _SURROGATE, MAX_DEPTH, MAX_JSON_VALUES, ROLES
 from .errors import _explain, _param

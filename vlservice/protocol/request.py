@@ -8,6 +8,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 from pydantic_core import PydanticCustomError
 
 from ..config import Settings
+from ..engine.interface import SchemaRefused, grammar_for
 from .base import MAX_STOP, MAX_STOP_CHARS, MAX_TOP_LOGPROBS, _In, _IntegralIn, _pick
 from .media import _check_media
 from .messages import ChatMessage, ImagePart, InputVideoPart, MMProcessorKwargs, Stop, VideoPart
@@ -57,15 +58,13 @@ class JsonSchemaFormat(_Format):
 
     @model_validator(mode="after")
     def _compiles(self):
-        from ..engine.constrain import GrammarError, explain, grammar_for
-
         if self.json_schema.schema_ is not None:
             try:
                 self._grammar = grammar_for("json_schema", self.json_schema.schema_)
-            except GrammarError as exc:
+            except SchemaRefused as exc:
                 raise PydanticCustomError("invalid_schema", "`response_format.json_schema.schema` cannot be used: "
                                           "{reason}", {"param": "response_format.json_schema.schema",
-                                                       "reason": explain(exc)}) from None
+                                                       "reason": str(exc)}) from None
         return self
 
 
@@ -78,8 +77,6 @@ ResponseFormat = Annotated[Union[Annotated[TextFormat, Tag("Text")], Annotated[J
 
 def grammar_of(fmt) -> str | None:
     """The llguidance grammar a `response_format` asks for (None: free text)."""
-    from ..engine.constrain import grammar_for
-
     if isinstance(fmt, JsonObjectFormat) or (isinstance(fmt, JsonSchemaFormat) and fmt.json_schema.schema_ is None):
         return grammar_for("json_object")
     if isinstance(fmt, JsonSchemaFormat):

@@ -1,9 +1,9 @@
 """Tool calling: `tools`, `tool_choice`, `parallel_tool_calls` as OpenAI defines them.
 
 The tools go to the model through its own chat template (engine/prompt.py); its calls are read
-back from the answer (engine/toolcalls.py). `tool_choice` "auto" lets the model choose; "none"
+back from the answer (engine/output/toolcalls.py). `tool_choice` "auto" lets the model choose; "none"
 leaves the tools out of the prompt and the answer as text; "required" and a named function force
-calls through a grammar (engine/constrain.py), so the answer is only calls, each with arguments
+calls through a grammar (engine/output/constrain.py), so the answer is only calls, each with arguments
 valid against its function's `parameters`.
 """
 
@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, Tag
 from pydantic_core import PydanticCustomError
 
+from ..engine.interface import SchemaRefused, tool_grammar
 from ..errors import brief
 from .base import _In, _pick
 
@@ -89,8 +90,6 @@ def grammar_of_tools(r) -> str | None:
     """The grammar of a forced answer (None when the model chooses), built and compiled once per
     request (kept on it as `_tool_grammar`); a function's schema that cannot be compiled is
     refused, naming that function's `parameters` (found one function at a time, only then)."""
-    from ..engine.constrain import GrammarError, explain, tool_grammar
-
     if not forced(r):
         return None
     if getattr(r, "_tool_grammar", None) is not None:
@@ -100,15 +99,15 @@ def grammar_of_tools(r) -> str | None:
     parallel = r.parallel_tool_calls is not False
     try:
         grammar = tool_grammar([(f.name, f.parameters) for _, f in chosen], parallel and named is None)
-    except GrammarError as whole:
+    except SchemaRefused as whole:
         for i, f in chosen:
             try:
                 tool_grammar([(f.name, f.parameters)])
-            except GrammarError as exc:
+            except SchemaRefused as exc:
                 raise PydanticCustomError("invalid_schema", "`tools[{i}].function.parameters` cannot be used: "
                                           "{reason}", {"param": f"tools[{i}].function.parameters", "i": i,
-                                                       "reason": explain(exc)}) from None
-        raise _error("tools", f"`tools` cannot be used together: {explain(whole)}", "invalid_schema") from None
+                                                       "reason": str(exc)}) from None
+        raise _error("tools", f"`tools` cannot be used together: {whole}", "invalid_schema") from None
     r._tool_grammar = grammar
     return grammar
 

@@ -138,9 +138,9 @@ def run(out: Path, runs: int, tokens: int, quick: bool, cache_dir: Path, threads
     from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
 
     from ..config import Settings
-    from ..engine.checkpoints import ModelSource
+    from ..engine.model.checkpoints import ModelSource
     from ..engine.service import VLModelService
-    from ..engine.vision import ensure_onnx
+    from ..engine.model.vision import ensure_onnx
 
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(threads)
@@ -184,7 +184,7 @@ def run(out: Path, runs: int, tokens: int, quick: bool, cache_dir: Path, threads
     limits = machine_limits(threads, quick)
     prompt_tokens = {wl: int(statistics.median(r["prompt_n"] for r in results[wl]["baseline"])) for wl in WORKLOADS}
     patches = {wl: prompt_tokens[wl] for wl in WORKLOADS}
-    from ..engine import images as I
+    from ..engine.media import images as I
 
     for wl in WORKLOADS:
         p = I.prepare(I.decode(images[wl][0]), services["torch"].spec)
@@ -216,7 +216,7 @@ def run(out: Path, runs: int, tokens: int, quick: bool, cache_dir: Path, threads
 
 
 def int8_fidelity(ref_enc, q_enc, images: dict, spec) -> dict:
-    from ..engine import images as I
+    from ..engine.media import images as I
 
     out = {}
     for wl, imgs in images.items():

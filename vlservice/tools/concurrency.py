@@ -165,7 +165,7 @@ def measure(args, model_dir: Path, out: Path) -> dict:
     for llm in llms:
         if llm == "int4":  # the graph's build on the first start (made here if need be, timed either way)
             from ..config import Settings
-            from ..engine.ortdecode import ensure_decoder
+            from ..engine.model.ortdecode import ensure_decoder
 
             path, _ = ensure_decoder(model_dir, Settings.from_env().cache_path)
             report["int4_build_s"] = round(json.loads((path.parent / "build.json").read_text())["seconds"], 1)

@@ -55,7 +55,7 @@ def compile_costs(tokenizer, eos_ids, rows: int) -> dict:
     """Cold and cached compile times, and the mask per token on one row of the real vocabulary."""
     import torch
 
-    from ..engine.constrain import Grammars, grammar_for, tool_grammar
+    from ..engine.output.constrain import Grammars, grammar_for, tool_grammar
 
     t = time.perf_counter()
     grammars = Grammars(tokenizer, eos_ids)  # the tokenizer in llguidance's form, as the service builds it
@@ -112,7 +112,7 @@ def step_costs(svc, batch: int, tokens: int, grammar: str | None) -> dict:
 
 def measure(model_dir: Path, cache_dir: Path, batches: list, tokens: int, llm: str) -> dict:
     from ..config import Settings
-    from ..engine.constrain import grammar_for
+    from ..engine.output.constrain import grammar_for
     from ..engine.service import VLModelService
 
     settings = Settings.from_env(model=str(model_dir), llm_quant="" if llm == "float32" else llm,

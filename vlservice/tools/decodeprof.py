@@ -85,7 +85,7 @@ def parts(lean, batch: int, reps: int) -> dict:
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from ..engine.lm import SeqPos
+    from ..engine.model.lm import SeqPos
 
     hidden = lean.embed.weight.shape[1]
     kernels = [(_kernel(m), torch.randn(batch, 1, m.in_features if hasattr(m, "in_features") else hidden))
@@ -126,8 +126,8 @@ def ort_parts(lm, path: Path, threads: int, batch: int, reps: int) -> dict:
     products (MatMulNBits) and attention (GroupQueryAttention) as their shares of the node time in
     ONNX Runtime's own profile of the same graph on the same caches (a second session, profiling
     on; per-run means), applied to that step."""
-    from ..engine.lm import SeqPos
-    from ..engine.ortdecode import OrtLM
+    from ..engine.model.lm import SeqPos
+    from ..engine.model.ortdecode import OrtLM
 
     kvs = _filled_kvs(lm, batch, CONTEXT)
     pos = [SeqPos(next_pos=CONTEXT) for _ in range(batch)]
@@ -201,7 +201,7 @@ def greedy(lean, prompt: list, n: int) -> tuple[list, "object"]:
     """`n` greedy token ids after a text prompt through the lean pass, and the prompt's logits."""
     import torch
 
-    from ..engine.lm import SeqPos
+    from ..engine.model.lm import SeqPos
 
     with torch.inference_mode():
         kv = lean.new_kv(len(prompt) + n)
@@ -227,8 +227,8 @@ def reference(model_dir: Path, llm: str, cache_dir: Path, n: int) -> tuple[list,
     import torch
     from transformers import Qwen3VLForConditionalGeneration
 
-    from ..engine.lm import LeanLM
-    from ..engine.quant import load_int8_model, make_rows_independent
+    from ..engine.model.lm import LeanLM
+    from ..engine.model.quant import load_int8_model, make_rows_independent
 
     if llm in ("float32", "int4"):  # int4 is compared with float32 itself
         model = Qwen3VLForConditionalGeneration.from_pretrained(str(model_dir), dtype=torch.float32).eval()
@@ -272,7 +272,7 @@ def measure_llm(model_dir: Path, llm: str, batches: list, reps: int, tokens: int
             log.info("%s parity with the reference: %s", llm, out["parity"])
         for b in batches:
             if llm == "int4":
-                from ..engine.ortdecode import ensure_decoder
+                from ..engine.model.ortdecode import ensure_decoder
 
                 path, _ = ensure_decoder(model_dir, cache_dir)
                 row = ort_parts(svc.lean, path, settings.num_threads, b, reps)

@@ -79,9 +79,9 @@ def grayscale(quick: bool, runs: int) -> dict:
     """Decode + preprocess of a text page in colour and in grayscale (same pixels, one channel)."""
     import cv2
 
-    from ..engine import images as I
+    from ..engine.media import images as I
     from .workloads import document_like
-    from .checkpoints import preprocessor_config, real_architecture
+    from ..build.checkpoints import preprocessor_config, real_architecture
 
     spec = I.ImageSpec.from_preprocessor_config(preprocessor_config(real_architecture()))
     page = document_like(192, 256, seed=3) if quick else document_like(768, 1024, seed=3)

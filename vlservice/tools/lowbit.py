@@ -49,7 +49,7 @@ def shapes(text: dict) -> tuple[list[tuple[int, int]], int]:
 def fbgemm_int8(products):
     import torch
 
-    from ..engine.quant import _RowScaledLinear
+    from ..engine.model.quant import _RowScaledLinear
 
     mods = []
     for k, n in products:
@@ -209,7 +209,7 @@ def markdown(report: dict) -> str:
 def main(argv=None) -> int:
     from ..config import Settings
     from .harness import machine_limits
-    from .checkpoints import TINY, real_architecture
+    from ..build.checkpoints import TINY, real_architecture
     from ..obs.records import cpu_info
 
     ap = argparse.ArgumentParser(prog="python -m vlservice bench --lowbit", description=__doc__.split("\n\n")[0])

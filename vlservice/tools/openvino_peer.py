@@ -137,7 +137,7 @@ def group_size_for(model_dir: Path) -> int:
 
 
 def export_dir(model_dir: Path, cache_dir: Path, weight_format: str, group_size: int = GROUP_SIZE) -> Path:
-    from ..engine.vision import fingerprint
+    from ..engine.model.vision import fingerprint
 
     name = weight_format if weight_format != "int4" or group_size == GROUP_SIZE else f"int4-g{group_size}"
     return Path(cache_dir) / "openvino" / fingerprint(Path(model_dir), "openvino") / name

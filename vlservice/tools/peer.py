@@ -72,7 +72,7 @@ def ensure_server(cache_dir: Path) -> tuple[Path, Path]:
 def ensure_gguf(model_dir: Path, cache_dir: Path, llm: str) -> tuple[Path, Path]:
     """(the language model as GGUF of the type matching our `llm`, the f16 vision projector),
     converted once from `model_dir` with the vendored converter."""
-    from ..engine.vision import fingerprint
+    from ..engine.model.vision import fingerprint
 
     _, src = ensure_server(cache_dir)
     out = Path(cache_dir) / "llama.cpp" / "gguf" / fingerprint(Path(model_dir), "gguf")

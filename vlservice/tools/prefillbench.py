@@ -3,7 +3,7 @@
 Where a new photo's first token goes, after the vision encoder: the prompt's prefill. This times
 one image-shaped prompt (`--tokens` positions, the middle ones image tokens with deepstack
 features, as a 448x448 photo gives) through the int4 runner (the whole language model as one ONNX
-Runtime graph over 4-bit weights, `engine/ortdecode.py`) and through PyTorch's INT8 `LeanLM`
+Runtime graph over 4-bit weights, `engine/model/ortdecode.py`) and through PyTorch's INT8 `LeanLM`
 (fbgemm, `VL_LLM_QUANT=int8`: what the int4 setting used for prompts before it became one model),
 one after the other in one process, on the same inputs. Medians of `--reps` after one warm-up.
 Inputs are random (a kernel's speed does not depend on the values); every output names the CPU.
@@ -44,9 +44,9 @@ def _timed(lm, inputs, tokens: int, reps: int) -> float:
 def measure(model_dir: Path, cache_dir: Path, tokens: int, reps: int, threads: int) -> dict:
     import torch
 
-    from ..engine.lm import LeanLM
-    from ..engine.ortdecode import OrtLM, ensure_decoder
-    from ..engine.quant import fuse_int8_projections, load_embedding_model, load_int8_model, make_rows_independent
+    from ..engine.model.lm import LeanLM
+    from ..engine.model.ortdecode import OrtLM, ensure_decoder
+    from ..engine.model.quant import fuse_int8_projections, load_embedding_model, load_int8_model, make_rows_independent
 
     torch.set_num_threads(threads)
     frame = load_embedding_model(model_dir, False)

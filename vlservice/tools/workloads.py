@@ -68,7 +68,7 @@ def workload_images(quick: bool) -> dict:
 # --------------------------------------------------------------------------- model
 
 def bench_model(cache_dir: Path, quick: bool) -> tuple[Path, float]:
-    from .checkpoints import REAL, TINY, make_model
+    from ..build.checkpoints import REAL, TINY, make_model
 
     folder = cache_dir / ("bench-model-tiny" if quick else "bench-model")
     if (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file():

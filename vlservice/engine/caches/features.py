@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 from cachetools import LRUCache
 
-from ..vision import VisionFeatures
+from ..model.vision import VisionFeatures
 from .shared import CorruptEntry, SharedStore, pack_features, unpack_features
 
 log = logging.getLogger(__name__)

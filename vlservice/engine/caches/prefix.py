@@ -25,7 +25,7 @@ import numpy as np
 if TYPE_CHECKING:  # no torch at import time
     import torch
 
-    from ..kv import SeqKV
+    from ..model.kv import SeqKV
 
 
 MIN_REUSE = 32  # a shorter shared prefix (the chat template's first tokens) is not worth a copy

@@ -39,7 +39,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
-from ..vision import VisionFeatures
+from ..model.vision import VisionFeatures
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from .types import Sampling
+from ..types import Sampling
 
 
 def _finite(x: float) -> float:

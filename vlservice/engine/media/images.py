@@ -33,7 +33,7 @@ os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(64 * 1024 * 1024))  # be
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ..errors import ImageTooLarge, InvalidImage  # noqa: E402
+from ...errors import ImageTooLarge, InvalidImage  # noqa: E402
 
 cv2.setNumThreads(1)  # decode and resize are small next to the model; keep the cores for it
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from ..errors import InvalidVideo, VideoTooLarge
+from ...errors import InvalidVideo, VideoTooLarge
 from .images import _resample_axis, _to_rgb8
 
 DEFAULT_FPS = 2.0  # Qwen3VLVideoProcessor.fps

@@ -9,17 +9,17 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .lm import Chunk, SeqPos
+from ..model.lm import Chunk, SeqPos
 from .policy import SeqState
-from .sampling import Sampler
-from .textstream import TextStream
+from ..output.sampling import Sampler
+from ..output.textstream import TextStream
 
 if TYPE_CHECKING:
     import torch
 
-    from .constrain import Grammars
+    from ..output.constrain import Grammars
     from .generation import Generation
-    from .kv import SeqKV
+    from ..model.kv import SeqKV
 
 
 def choice_seed(seed: int | None, index: int) -> int | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .prompt import Prompt
+from ..prompt import Prompt
 from .vision import VisionFeatures
 
 

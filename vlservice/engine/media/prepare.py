@@ -10,13 +10,13 @@ import threading
 import time
 from typing import Callable
 
-from ..config import Settings
-from ..errors import APIError, Cancelled, ContextLengthExceeded, QueueTimeout
+from ...config import Settings
+from ...errors import APIError, Cancelled, ContextLengthExceeded, QueueTimeout
 from . import images as imgs
 from . import video as vid
-from .caches import feature_key
-from .prompt import Prompt, build_prompt, text_tokens_at_least
-from .types import ImageInput, VideoInput
+from ..caches import feature_key
+from ..prompt import Prompt, build_prompt, text_tokens_at_least
+from ..types import ImageInput, VideoInput
 
 
 GONE_CHECK_S = 0.2  # how often a request waiting for a decode turn looks whether its client left

@@ -188,7 +188,7 @@ def export_fp32(visual, out_path: Path) -> float:
 
 def cpu_has_vnni() -> bool:
     """Whether this CPU has an 8-bit dot-product instruction (AVX-512 VNNI, AVX-VNNI or AMX)."""
-    from ..obs.cpu import cpu_model_and_flags
+    from ...obs.cpu import cpu_model_and_flags
 
     return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_model_and_flags()[1])
 

@@ -11,16 +11,16 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from ..errors import Cancelled
+from ...errors import Cancelled
 from . import video as vid
-from .caches import FeatureCache, FeatureShape
+from ..caches import FeatureCache, FeatureShape
 from .prepare import media_tokens
-from .types import Event
+from ..types import Event
 
 if TYPE_CHECKING:
-    from .generation import Generation
+    from ..batching.generation import Generation
     from .images import ImageSpec
-    from .vision import Encoder
+    from ..model.vision import Encoder
 
 
 class FeatureSource:

@@ -278,7 +278,7 @@ def _message(text: str) -> str:
     """llguidance's reason without its internal layers (the first line says what is wrong; a
     Lark grammar's position prefix is dropped)."""
     line = text.strip().splitlines()[0] if text.strip() else "the schema cannot be compiled"
-    from ..errors import brief
+    from ...errors import brief
 
     return brief(re.sub(r"^at \d+\(\d+\): ", "", line), 200, quote=False)
 
@@ -422,7 +422,7 @@ class Constraint:
             raise self._failed()
 
     def _failed(self, why: str = ""):
-        from ..errors import InvalidRequest
+        from ...errors import InvalidRequest
 
         return InvalidRequest(f"`{self.param}` cannot be followed: the grammar compiler gave up on it "
                               f"({why or _message(self.m.get_error())})", param=self.param, code="invalid_schema")

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from ..config import DEFAULT_HUB_MODEL
-from ..errors import ModelLoadError
+from ...config import DEFAULT_HUB_MODEL
+from ...errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 

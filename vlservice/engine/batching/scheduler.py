@@ -47,20 +47,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import APIError, Cancelled, EngineError, NotReady, QueueTimeout
+from ...errors import APIError, Cancelled, EngineError, NotReady, QueueTimeout
 from . import policy
-from .logprobs import TokenText
-from .reclaim import malloc_trim
+from ..output.logprobs import TokenText
+from ..reclaim import malloc_trim
 from .sequence import Choices, Sequence
-from .types import Event
+from ..types import Event
 
 if TYPE_CHECKING:
-    from .caches import PrefixCache
-    from .constrain import Grammars
-    from .features import FeatureSource
+    from ..caches import PrefixCache
+    from ..output.constrain import Grammars
+    from ..media.features import FeatureSource
     from .generation import Generation
-    from .inputs import ModelInputs
-    from .lm import LMRunner
+    from ..model.inputs import ModelInputs
+    from ..model.lm import LMRunner
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
   dynamically quantised INT8 linear (per-output-channel int8 weights, int8 activations quantised
   on the fly, fbgemm kernels). Decoding reads a quarter of the bytes; answers can differ from
   float32 (`python -m vlservice compare` measures by how much on your own images).
-  The quantised weights are built once, in a child process (`python -m vlservice.engine.quant`), and
+  The quantised weights are built once, in a child process (`python -m vlservice.engine.model.quant`), and
   stored under `VL_CACHE_DIR/llm-int8/<fingerprint>/`; the server then builds the model skeleton
   without memory (`torch.device("meta")`), puts the INT8 layers in, and reads from the checkpoint
   only what stays in float (embedding, norms; the vision tower only when PyTorch runs it or the
@@ -120,7 +120,7 @@ def ensure_int8(model_dir: Path, cache_dir: Path) -> tuple[Path, dict]:
         if not path.is_file():
             log.info("quantising the LLM to INT8 once (stored in %s)", path.parent)
             t0 = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-m", "vlservice.engine.quant", "--model", str(model_dir),
+            proc = subprocess.run([sys.executable, "-m", "vlservice.engine.model.quant", "--model", str(model_dir),
                                    "--out", str(path)], capture_output=True, text=True)
             if proc.returncode != 0 or not path.is_file():
                 raise RuntimeError(f"building the INT8 LLM failed: {proc.stderr.strip()[-2000:]}")
@@ -309,7 +309,7 @@ def release_torch_vision(model) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m vlservice.engine.quant",
+    ap = argparse.ArgumentParser(prog="python -m vlservice.engine.model.quant",
                                  description="Quantise a checkpoint's LLM to INT8 and store it (the server "
                                              "runs this itself, once, when VL_LLM_QUANT=int8).")
     ap.add_argument("--model", type=Path, required=True)
@@ -317,7 +317,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from ..config import _physical_cores
+    from ...config import _physical_cores
 
     torch.set_num_threads(_physical_cores())
     print(json.dumps(build_int8(args.model, args.out)))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .types import PRIORITIES
+from ..types import PRIORITIES
 
 GAP_STEPS = 3  # a pass carrying a prompt's chunk costs about this many decode steps (auto chunk size)
 ALONE_CHUNK = 512  # prompt tokens per pass when no stream is waiting for its next token

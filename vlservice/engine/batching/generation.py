@@ -13,14 +13,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from ..errors import APIError, EngineError
-from .types import ChatRequest, Event
-from .video import PreparedVideo
+from ...errors import APIError, EngineError
+from ..types import ChatRequest, Event
+from ..media.video import PreparedVideo
 
 if TYPE_CHECKING:
-    from .constrain import Constraint
-    from .images import Prepared
-    from .prompt import Prompt
+    from ..output.constrain import Constraint
+    from ..media.images import Prepared
+    from ..prompt import Prompt
 
 
 @dataclass
