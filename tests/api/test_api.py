@@ -86,6 +86,8 @@ def test_models_and_operational_endpoints(server):
     stats = requests.get(server.url + "/api/stats").json()
     assert len(stats["cpu"]["per_core"]) >= 1 and stats["rss_bytes"] > 10 * 2**20
     assert {"hits", "misses", "bytes"} <= set(stats["cache"]) and "queue_depth" in stats
+    heap = stats["heap"]  # glibc's view of the worker's heap (Linux with glibc, as every test host)
+    assert heap["in_use"] > 0 and heap["free"] >= 0 and heap["rss_anon"] >= heap["in_use"] // 2
     metrics = requests.get(server.url + "/metrics").text
     for name in ("vlservice_requests_total", "vlservice_stage_seconds_bucket", "vlservice_tokens_total",
                  "vlservice_queue_depth", "vlservice_vision_cache_total"):

@@ -156,6 +156,8 @@ def fit_responses(body: dict) -> None:
     for i, t in enumerate(ok):
         if any(u["name"] == t["name"] for u in ok[:i]):
             t["name"] = f"{t['name'][:56]}_{i}"
+        if isinstance(t.get("input_schema"), dict) and len(json.dumps(t["input_schema"])) > 2000:
+            t["input_schema"] = {"type": "object"}  # the rendered tools within the context (a limit the schema lacks)
     choice = body.get("tool_choice")
     named = isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str)
     if not (choice == "required" or named):
@@ -174,12 +176,31 @@ MESSAGES, COUNT_TOKENS, COMPLETIONS = "/v1/messages", "/v1/messages/count_tokens
 TOKENIZE = ("/tokenize", "/v1/tokenize")
 
 
+TEXT_BUDGET = 8000  # characters of JSON: well inside the server's 8,192-token context whatever the text
+
+
+def _shorten(value, most: int):
+    """Every string in `value` cut to `most` characters, the structure and every type kept (so a
+    schema-valid body stays valid and an invalid one invalid): the context limit the schema lacks."""
+    if isinstance(value, str):
+        return value[:most]
+    if isinstance(value, list):
+        return [_shorten(v, most) for v in value]
+    if isinstance(value, dict):
+        return {k: _shorten(v, most) for k, v in value.items()}
+    return value
+
+
 def fit_messages(body: dict) -> None:
     """An Anthropic request's rules the schema cannot say: a short answer, a user message last (no
     prefill), real images (at most `max_images`), unique tool names, a forced choice only with tools
-    and naming one of them, the forced tools' schemas left open (a random one may not compile)."""
+    and naming one of them, the forced tools' schemas left open (a random one may not compile), the
+    text within the context (`_shorten`)."""
     if _is_int(body.get("max_tokens")) and FUZZ_MAX_TOKENS < body["max_tokens"] <= LIMITS["cap"]:
         body["max_tokens"] = FUZZ_MAX_TOKENS
+    for key in ("messages", "system"):
+        if key in body and len(json.dumps(body[key])) > TEXT_BUDGET:
+            body[key] = _shorten(body[key], 64)
     messages = body.get("messages")
     if isinstance(messages, list) and messages and isinstance(messages[-1], dict) \
             and messages[-1].get("role") == "assistant":
@@ -202,6 +223,8 @@ def fit_messages(body: dict) -> None:
     for i, t in enumerate(ok):
         if any(u["name"] == t["name"] for u in ok[:i]):
             t["name"] = f"{t['name'][:56]}_{i}"
+        if isinstance(t.get("input_schema"), dict) and len(json.dumps(t["input_schema"])) > 2000:
+            t["input_schema"] = {"type": "object"}  # the rendered tools within the context (a limit the schema lacks)
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and choice.get("type") in ("any", "tool") and isinstance(choice.get("name"), (str, type(None))) \
             and isinstance(choice.get("disable_parallel_tool_use"), (bool, type(None))):  # a valid shape, made to fit
@@ -213,7 +236,8 @@ def fit_messages(body: dict) -> None:
         for t in ok:
             if isinstance(t.get("input_schema"), dict):
                 t["input_schema"] = {"type": "object"}
-        body.pop("output_config", None)  # one grammar per answer: the calls
+        if isinstance(body.get("output_config"), dict):  # one grammar per answer: the calls (an invalid
+            body.pop("output_config")  # output_config stays: a negative case must stay negative)
 
 
 def fit_completion(body: dict) -> None:
@@ -253,15 +277,19 @@ def fit(case) -> None:
     fit_tools(body)
     images = videos = 0
 
-    def fit_frames(where) -> None:
-        """The server's frame limit and min <= max: limits of the running server the schema does not carry."""
-        if not isinstance(where, dict):
-            return
-        if _is_int(where.get("max_frames")) and where["max_frames"] > LIMITS["max_frames"]:
-            where["max_frames"] = LIMITS["max_frames"]
-        most = where["max_frames"] if _is_int(where.get("max_frames")) and where["max_frames"] >= 4 else LIMITS["max_frames"]
-        if _is_int(where.get("min_frames")) and most < where["min_frames"]:
-            where["min_frames"] = most
+    def fit_frames(part: dict, inner) -> None:
+        """The server's frame limit and min <= max, limits of the running server the schema does not
+        carry; max and min each resolved as the server does, the inner object's field first, then the
+        part's (a min in one place is held to a max in the other)."""
+        places = [w for w in (inner, part) if isinstance(w, dict)]
+        for where in places:
+            if _is_int(where.get("max_frames")) and where["max_frames"] > LIMITS["max_frames"]:
+                where["max_frames"] = LIMITS["max_frames"]
+        given = next((w["max_frames"] for w in places if w.get("max_frames") is not None), None)
+        most = given if _is_int(given) and given >= 4 else LIMITS["max_frames"]
+        for where in places:
+            if _is_int(where.get("min_frames")) and most < where["min_frames"]:
+                where["min_frames"] = most
 
     def fit_pixels(where) -> None:
         """Pixel budgets within the server's (an image's and a video frame's; the schema carries no cap)
@@ -282,8 +310,7 @@ def fit(case) -> None:
                 fit_pixels(part)
                 fit_pixels(part.get(part.get("type")) if isinstance(part.get("type"), str) else None)
             if isinstance(part, dict) and part.get("type") in ("input_video", "video_url"):
-                fit_frames(part)
-                fit_frames(part.get(part["type"]))
+                fit_frames(part, part.get(part["type"]))
             if isinstance(part, dict) and part.get("type") == "input_video":
                 videos += 1  # llama.cpp's spelling of a video part: the same limit; its data a real clip
                 spec = part.get("input_video")

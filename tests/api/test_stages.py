@@ -53,7 +53,7 @@ def body_for(image: bytes, question: str, **stream_options) -> dict:
 
 
 def test_stage_events_come_in_order_before_the_answer(server):
-    image = png_bytes(scene(seed=61))
+    image = png_bytes(scene(seed=9061))  # no other test draws it: its encode is a miss whatever ran before
     events = raw_events(server, body_for(image, "Describe this image.", include_stages=True))
     stages, order = stages_then_chunks(events)
     assert [s["stage"] for s in stages] == ["queued", "vision_encode", "prefill"]

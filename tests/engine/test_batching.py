@@ -141,7 +141,7 @@ def test_int8_rows_do_not_depend_on_their_batch():
     larger (PyTorch's per-tensor dynamic quantisation changed it by up to 29%)."""
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    from vlservice.engine.model.quant import make_rows_independent
+    from vlservice.engine.model.linears import make_rows_independent
 
     torch.manual_seed(0)
     plain = quantize_dynamic(torch.nn.Sequential(torch.nn.Linear(256, 128, bias=False)),
@@ -165,7 +165,7 @@ def test_a_row_scaled_int8_linear_reads_its_weights_once():
     results keep the bias; new weights (set_weight_bias) bring their own bias."""
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    from vlservice.engine.model.quant import make_rows_independent
+    from vlservice.engine.model.linears import make_rows_independent
 
     torch.manual_seed(0)
     lin = quantize_dynamic(torch.nn.Sequential(torch.nn.Linear(64, 32)),

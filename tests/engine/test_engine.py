@@ -352,7 +352,9 @@ def test_llm_int8_is_stored_once_and_loaded_without_float_linears(settings_for, 
     from torch.ao.nn.quantized.dynamic import Linear as QLinear
     from transformers import Qwen3VLForConditionalGeneration
 
-    from vlservice.engine.model.quant import int8_path, make_rows_independent, quantize_llm_int8
+    from vlservice.engine.model.quant import int8_path, quantize_llm_int8
+
+    from vlservice.engine.model.linears import make_rows_independent
     from vlservice.engine.service import load_service
 
     settings = settings_for(vision_backend="onnx-int8", llm_quant="int8", warmup=False, disk_cache_mb=0)

@@ -263,6 +263,20 @@ def test_bench_structured_runs_the_openai_helpers_through_the_server(tmp_path, c
     for row in report["results"].values():
         assert row["requests"] == 1 and row["valid_of_finished"] == row["finished"]
         assert row["finished"] + row["cut_by_max_tokens"] == 1
+    plain = report["results"]["parse, plain schema (shape, colour, count)"]
+    assert plain["correct"] in (0, 1) and plain["correct"] <= plain["valid"]
+    assert "correct" in (out / "structured.md").read_text()
+
+
+def test_a_plain_answer_is_right_only_when_the_picture_says_so():
+    from vlservice.tools.structured import Plain, images, right
+
+    drawn = (("circle", "red", 10, 10, 5), ("square", "blue", 30, 10, 5))
+    assert right(Plain(shape="Circle", color="red ", count=2), drawn)
+    assert not right(Plain(shape="circle", color="blue", count=2), drawn)  # no blue circle was drawn
+    assert not right(Plain(shape="square", color="blue", count=1), drawn)
+    pictures = images(3, shapes_only=True)
+    assert len(pictures) == 3 and all(objects for _, objects in pictures)
 
 
 def test_bench_prefill_quick_times_a_photo_prompt_in_both_runners(tmp_path, cache_dir):

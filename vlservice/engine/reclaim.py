@@ -33,6 +33,33 @@ def malloc_trim() -> bool:
     return True
 
 
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def heap() -> dict | None:
+    """Where the process's heap is, by glibc (`mallinfo2`, all arenas): bytes in use by live
+    allocations (`in_use`), free but held by the allocator (`free`: what `malloc_trim` could give
+    back, or fragments it cannot), mmapped blocks (`mmapped`); and the kernel's anonymous resident
+    bytes (`rss_anon`). None where there is no glibc (musl, a preloaded jemalloc or tcmalloc answer
+    with their own numbers, or none)."""
+    libc = _libc()
+    if not libc or not hasattr(libc, "mallinfo2"):
+        return None
+    libc.mallinfo2.restype = _Mallinfo2
+    info = libc.mallinfo2()
+    out = {"in_use": int(info.uordblks), "free": int(info.fordblks), "mmapped": int(info.hblkhd),
+           "arena": int(info.arena)}
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                out["rss_anon"] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return out
+
+
 def mapped_file_pages(directory: Path) -> list[dict]:
     """This process's mappings of files under `directory`: address range, resident kilobytes and
     those copied on write (Linux `/proc/self/smaps`; empty elsewhere)."""

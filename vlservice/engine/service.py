@@ -59,6 +59,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def sampling_defaults(gen) -> dict:
+    """The checkpoint's `generation_config` as the sampling a request gets when it names none."""
+    return {"temperature": float(getattr(gen, "temperature", None) or 0.0) if gen.do_sample else 0.0,
+            "top_p": float(getattr(gen, "top_p", None) or 1.0),
+            "top_k": int(getattr(gen, "top_k", None) or 0),
+            "repetition_penalty": float(getattr(gen, "repetition_penalty", None) or 1.0)}
+
+
 class VLModelService:
     def __init__(self, settings: Settings, source: ModelSource | None = None, model=None):
         """`model`: an already loaded `Qwen3VLForConditionalGeneration` of `source` to share (the
@@ -88,12 +96,7 @@ class VLModelService:
         self.grammars = Grammars(self.tokenizer, self.inputs.eos_ids)  # `response_format` matchers
         vision_cfg = self.model.config.vision_config  # what the encoder gives per token: a cached entry must match
         self.feature_width = (int(vision_cfg.out_hidden_size), len(vision_cfg.deepstack_visual_indexes))
-        self.generation_defaults = {
-            "temperature": float(getattr(gen, "temperature", None) or 0.0) if gen.do_sample else 0.0,
-            "top_p": float(getattr(gen, "top_p", None) or 1.0),
-            "top_k": int(getattr(gen, "top_k", None) or 0),
-            "repetition_penalty": float(getattr(gen, "repetition_penalty", None) or 1.0),
-        }
+        self.generation_defaults = sampling_defaults(gen)
         self.limits = imgs.Limits(max_bytes=settings.max_image_bytes, max_pixels=settings.max_image_pixels,
                                   max_aspect_ratio=settings.max_aspect_ratio)
         self.video_limits = vid.Limits(max_bytes=settings.max_video_bytes, max_seconds=settings.max_video_seconds,

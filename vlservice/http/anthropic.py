@@ -24,11 +24,11 @@ from flask import Blueprint, Response, g, request
 from ..engine.output.toolcalls import CallStream
 from ..errors import APIError
 from ..protocol import parse_chat
-from ..protocol.anthropic import (AnthropicError, AnthropicErrorDetail, AnthropicMessage, AnthropicUsage,
-                                  ContentBlockDelta, ContentBlockStart, ContentBlockStop, CountTokensAnswer,
-                                  CountTokensRequest, DeltaUsage, InputJsonDelta, MessageDelta, MessageDeltaBody,
-                                  MessageStart, MessageStop, Ping, Renames, TextContent, TextDelta, ToolUseContent,
-                                  chat_body, error_type, explain, messages_model)
+from ..protocol.anthropic import CountTokensRequest, Renames, chat_body, explain, messages_model
+from ..protocol.anthropic_answers import (AnthropicError, AnthropicErrorDetail, AnthropicMessage, AnthropicUsage,
+                                          ContentBlockDelta, ContentBlockStart, ContentBlockStop, CountTokensAnswer,
+                                          DeltaUsage, InputJsonDelta, MessageDelta, MessageDeltaBody, MessageStart,
+                                          MessageStop, Ping, TextContent, TextDelta, ToolUseContent, error_type)
 from ..protocol.answers import answer
 from ..protocol.completions import validate
 from .appstate import current

@@ -21,6 +21,7 @@ from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 from .. import protocol
 from . import openapi_peers
 from ..protocol import responses as responses_protocol
+from ..protocol import responses_answers
 
 OPENAPI_VERSION = "3.1.0"
 SSE = "text/event-stream"
@@ -115,7 +116,7 @@ def _schemas(settings) -> dict:
         (m, "validation" if i == 0 else "serialization") for i, m in enumerate(models)]
     modes += openapi_peers.modes(settings)  # Anthropic Messages, Completions, the tokenizer routes
     modes += [(responses_protocol.responses_model(settings), "validation"),
-              *((m, "serialization") for m in responses_protocol.ANSWERS)]
+              *((m, "serialization") for m in responses_answers.ANSWERS)]
     _, defs = models_json_schema(modes, ref_template=REF, schema_generator=_OpenAPI31)
     schemas = defs["$defs"]
     schemas["ServerSentEvent"] = {
@@ -141,7 +142,7 @@ def _schemas(settings) -> dict:
                         "(no `[DONE]`: `response.completed`, `response.incomplete` or `response.failed` ends the "
                         "stream). Comment lines (`: ping`, `: prefill`, ...) keep the connection alive."),
         "properties": {
-            "event": {"enum": list(responses_protocol.EVENTS)},
+            "event": {"enum": list(responses_answers.EVENTS)},
             "data": {"type": "string", "pattern": "^\\{", "contentMediaType": JSON,
                      "contentSchema": {"$ref": REF.format(model="ResponseStreamEvent")}}},
     }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from ..protocol import anthropic, completions, tokenize
+from ..protocol import anthropic, anthropic_answers, completions, tokenize
 
 JSON = "application/json"
 SSE = "text/event-stream"
@@ -22,7 +22,7 @@ def modes(settings) -> list:
     """(model, JSON Schema mode) of every request (validation) and answer (serialization) here."""
     requests = [anthropic.messages_model(settings), anthropic.CountTokensRequest, completions.completion_model(settings),
                 tokenize.TokenizeRequest, tokenize.DetokenizeRequest]
-    answers = [*anthropic.ANSWERS, *completions.ANSWERS, *tokenize.ANSWERS]
+    answers = [*anthropic_answers.ANSWERS, *completions.ANSWERS, *tokenize.ANSWERS]
     return [(m, "validation") for m in requests] + [(m, "serialization") for m in answers]
 
 
@@ -35,7 +35,7 @@ def vocab_of(app) -> int | None:
 
 def schemas(schemas: dict, vocab: int | None) -> dict:
     """`schemas` with the stream framings added; the detokenize ids bounded by the vocabulary when known."""
-    events = [cast(Any, m.model_fields["type"].annotation).__args__[0] for m in anthropic.STREAM_EVENTS]
+    events = [cast(Any, m.model_fields["type"].annotation).__args__[0] for m in anthropic_answers.STREAM_EVENTS]
     schemas["AnthropicServerSentEvent"] = {
         "type": "object", "required": ["event", "data"],
         "description": ("one event of a streamed Anthropic message: `event` is its type, `data` the JSON event "
@@ -46,7 +46,7 @@ def schemas(schemas: dict, vocab: int | None) -> dict:
         "properties": {
             "event": {"enum": events},
             "data": {"type": "string", "pattern": "^\\{", "contentMediaType": JSON, "contentSchema": {"anyOf": [
-                {"$ref": REF.format(model=m.__name__)} for m in anthropic.STREAM_EVENTS]}}},
+                {"$ref": REF.format(model=m.__name__)} for m in anthropic_answers.STREAM_EVENTS]}}},
     }
     schemas["CompletionServerSentEvent"] = {
         "type": "object", "required": ["data"],

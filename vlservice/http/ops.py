@@ -11,6 +11,7 @@ from importlib import resources
 from flask import Blueprint, Response, current_app, render_template
 
 from .appstate import current
+from ..engine.reclaim import heap
 from ..errors import NotReady
 
 bp = Blueprint("web", __name__)
@@ -54,7 +55,7 @@ def config():
 def stats():
     ctx = current()
     # pid: each Gunicorn worker has its own service, queue and counters; it says whose these are
-    return {"cpu": ctx.sampler.snapshot(), "rss_bytes": ctx.sampler.rss_bytes(), **ctx.service.stats(),
+    return {"cpu": ctx.sampler.snapshot(), "rss_bytes": ctx.sampler.rss_bytes(), "heap": heap(), **ctx.service.stats(),
             "ready": ctx.service.ready, "model": ctx.service.model_name, "pid": os.getpid()}
 
 

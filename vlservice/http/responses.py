@@ -23,8 +23,8 @@ from ..protocol import parse_chat
 from ..protocol.answers import answer
 from ..protocol.errors import _explain
 from ..protocol.parse import check_tree
-from ..protocol.responses import (Origins, ResponseDeleted, ResponseObject, chat_body, echo_format, echo_tools,
-                                  explain, items_of, responses_model)
+from ..protocol.responses import Origins, chat_body, echo_format, echo_tools, explain, items_of, responses_model
+from ..protocol.responses_answers import ResponseDeleted, ResponseObject
 from .appstate import current
 from .common import admit, count_requests, read_json, request_headers, sse_response
 from .disconnect import cancel_on_disconnect

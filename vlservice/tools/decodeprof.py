@@ -59,7 +59,7 @@ def _kernel(mod):
     """The raw product a linear module runs, without its Python wrapper."""
     import torch
 
-    if hasattr(mod, "packed"):  # prepacked float32 (quant.PackedLinear)
+    if hasattr(mod, "packed"):  # prepacked float32 (linears.PackedLinear)
         packed, bias = mod.packed, mod.bias
         return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     if hasattr(mod, "_packed_params"):  # dynamic INT8
@@ -228,7 +228,8 @@ def reference(model_dir: Path, llm: str, cache_dir: Path, n: int) -> tuple[list,
     from transformers import Qwen3VLForConditionalGeneration
 
     from ..engine.model.lm import LeanLM
-    from ..engine.model.quant import load_int8_model, make_rows_independent
+    from ..engine.model.quant import load_int8_model
+    from ..engine.model.linears import make_rows_independent
 
     if llm in ("float32", "int4"):  # int4 is compared with float32 itself
         model = Qwen3VLForConditionalGeneration.from_pretrained(str(model_dir), dtype=torch.float32).eval()

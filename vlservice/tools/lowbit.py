@@ -49,7 +49,7 @@ def shapes(text: dict) -> tuple[list[tuple[int, int]], int]:
 def fbgemm_int8(products):
     import torch
 
-    from ..engine.model.quant import _RowScaledLinear
+    from ..engine.model.linears import _RowScaledLinear
 
     mods = []
     for k, n in products:

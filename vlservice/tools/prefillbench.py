@@ -46,7 +46,8 @@ def measure(model_dir: Path, cache_dir: Path, tokens: int, reps: int, threads: i
 
     from ..engine.model.lm import LeanLM
     from ..engine.model.ortdecode import OrtLM, ensure_decoder
-    from ..engine.model.quant import fuse_int8_projections, load_embedding_model, load_int8_model, make_rows_independent
+    from ..engine.model.quant import load_embedding_model, load_int8_model
+    from ..engine.model.linears import fuse_int8_projections, make_rows_independent
 
     torch.set_num_threads(threads)
     frame = load_embedding_model(model_dir, False)

@@ -235,8 +235,13 @@ def memory_row(t: float, stats: dict) -> dict | None:
     if not isinstance(stats.get("rss_bytes"), int):
         return None
     cached = sum(int((stats.get(name) or {}).get("bytes") or 0) for name, _, _ in CACHES)
-    return {"t": t, "pid": stats.get("pid"), "rss_mb": stats["rss_bytes"] / MB, "caches_mb": cached / MB,
-            "queue_depth": stats.get("queue_depth")}
+    row = {"t": t, "pid": stats.get("pid"), "rss_mb": stats["rss_bytes"] / MB, "caches_mb": cached / MB,
+           "queue_depth": stats.get("queue_depth")}
+    heap = stats.get("heap")
+    if isinstance(heap, dict) and "rss_anon" in heap:  # where the memory is (glibc's view; diagnostic)
+        row.update({"heap_in_use_mb": heap["in_use"] / MB, "heap_free_mb": heap["free"] / MB,
+                    "outside_heap_mb": (heap["rss_anon"] - heap["arena"] - heap["mmapped"]) / MB})
+    return row
 
 
 def memory_verdict(rows: list, threshold: float, warmup_s: float = WARMUP_S) -> dict:
@@ -272,6 +277,8 @@ def memory_verdict(rows: list, threshold: float, warmup_s: float = WARMUP_S) -> 
                 "unexplained_slope": None if unexplained is None else round(unexplained, 3),
                 "rss_start_mb": round(rs[0]["rss_mb"], 1), "rss_end_mb": round(rs[-1]["rss_mb"], 1),
                 "caches_end_mb": round(rs[-1]["caches_mb"], 1)}
+        if all("heap_in_use_mb" in r for r in fit):  # not judged: where the unexplained part lives
+            item["where"] = {key: slope(key) for key in ("heap_in_use_mb", "heap_free_mb", "outside_heap_mb")}
         out.append(item)
         if judged and unexplained is not None and unexplained >= threshold:
             failures.append(f"RSS less the caches' own bytes grows {unexplained:.2f} MB/min after warm-up "
@@ -910,6 +917,10 @@ def markdown(rep: dict) -> str:
         rows.append([f"worker {seg['pid']} ({seg['start_s']}-{seg['end_s']} s, {seg['samples']} samples, "
                      f"{seg['fit']}): RSS / caches / RSS less caches (MB/min)",
                      f"{f(seg['rss_slope'])} / {f(seg['caches_slope'])} / {f(seg['unexplained_slope'])}"])
+        if seg.get("where"):
+            w = seg["where"]
+            rows.append([f"worker {seg['pid']}: glibc heap in use / heap free but held / outside the heap (MB/min)",
+                         f"{f(w['heap_in_use_mb'])} / {f(w['heap_free_mb'])} / {f(w['outside_heap_mb'])}"])
     for e in rep.get("events", []):
         details = ", ".join(f"{k} {v}" for k, v in e.items() if k not in ("t_s", "event"))
         rows.append([f"event at {e['t_s']} s", f"{e['event']}{': ' + details if details else ''}"])

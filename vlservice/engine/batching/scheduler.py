@@ -26,12 +26,10 @@ matcher; it ends when all have finished, and a failure or a cancel ends all of t
 
 `VL_MAX_BATCH=1` gives one request at a time. The rules themselves (who leaves the queue, who
 takes a slot, who shares a pass, how long its chunk is) are pure functions in `policy.py`: this
-loop measures, asks them and carries out the answers. Nothing here knows HTTP.
-
-Data flows one way. The scheduler is built with what it works with (the language-model runner, the
-conversation KV cache, the feature source, the model's input builder, the tokenizer and the
-grammars) and is given `Generation`s; it publishes each one's events, its answer (`done`) or its
-error (`fail`) to that `Generation` and never calls back into whoever submitted it.
+loop measures, asks them and carries out the answers. Nothing here knows HTTP. Data flows one way:
+built with what it works with (runner, prefix cache, feature source, input builder, tokenizer,
+grammars), it publishes each request's events, answer or error to its `Generation`, never calling
+back into whoever submitted it.
 """
 
 from __future__ import annotations
@@ -79,11 +77,9 @@ class Scheduler:
     def __init__(self, runner: LMRunner, prefix: PrefixCache, features: FeatureSource, inputs: ModelInputs,
                  tokenizer, grammars: Grammars, *, max_batch: int, prefill_chunk: int, queue_timeout_s: float,
                  threads: int, malloc_trim: bool = False, listeners: list | None = None):
-        self.lean = runner
-        self.prefix, self.features, self.inputs = prefix, features, inputs
+        self.lean, self.prefix, self.features, self.inputs = runner, prefix, features, inputs
         self.tokenizer, self.grammars = tokenizer, grammars
-        self.malloc_trim = malloc_trim
-        self._last_total_s = 5.0  # the last answer's time, submission to end: a time-out's Retry-After
+        self.malloc_trim, self._last_total_s = malloc_trim, 5.0  # the last answer's time: a time-out's Retry-After
         self.max_batch = max(1, max_batch)
         self.prefill_chunk = max(0, prefill_chunk)  # 0: sized by time (`_chunk_len`)
         self._token_s: float | None = None  # a prompt token's share of a pass, seconds (running mean)
@@ -473,43 +469,17 @@ class Scheduler:
         if tail or seq.logprobs:
             seq.gen.queue.put(self._delta(seq, tail))
         now = time.perf_counter()
-        decode_s = now - seq.t_first
-        n, prompt_n = seq.n, len(seq.prompt) - seq.start
-        seq.timings.update({
-            "prompt_n": prompt_n, "cache_n": seq.start, "result_cache_hit": False,
-            "prompt_per_second": prompt_n / seq.prefill_s if seq.prefill_s else 0.0,
-            "predicted_n": n, "predicted_ms": decode_s * 1e3,
-            "predicted_per_second": (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
-            "total_ms": (now - seq.gen.work.t_submit) * 1e3,
-            "model_ms": (now - seq.admitted) * 1e3,
-        })
-        if seq.sampler.constraint is not None:  # `response_format`: what its token masks cost, in all
-            seq.timings["grammar_mask_ms"] = seq.sampler.constraint.mask_s * 1e3
+        seq.finish_timings(now)
         family = seq.family
-        family.finished[seq.choice] = (finish, n)
+        family.finished[seq.choice] = (finish, seq.n)
         if len(family.members) > 1:
-            seq.gen.queue.put(Event("choice_done", data={"finish_reason": finish, "completion_tokens": n},
+            seq.gen.queue.put(Event("choice_done", data={"finish_reason": finish, "completion_tokens": seq.n},
                                     choice=seq.choice))
         if family.done:
-            self._complete(family, seq.timings, now)
-
-    def _complete(self, family: Choices, timings: dict, now: float) -> None:
-        """Every choice has finished: the request's answer. Its usage counts the prompt once and
-        every choice's tokens; with several choices, the timings of the last to finish, its
-        decode figures over all of them."""
-        leader = family.leader
-        completion = sum(n for _, n in family.finished.values())
-        usage = {"prompt_tokens": len(leader.prompt), "completion_tokens": completion,
-                 "total_tokens": len(leader.prompt) + completion}
-        choices = None
-        if len(family.members) > 1:
-            decode_s = now - leader.t_first
-            steps = completion - len(family.members)  # the first tokens came from the prompt's pass
-            timings.update({"predicted_n": completion, "predicted_ms": decode_s * 1e3,
-                            "predicted_per_second": steps / decode_s if steps > 0 and decode_s > 0 else 0.0})
-            choices = [{"index": i, "finish_reason": family.finished[i][0]} for i in range(len(family.members))]
-        self._last_total_s = timings["total_ms"] / 1e3
-        leader.gen.done(timings, family.finished[0][0], usage, choices, text=leader.stream.text_sent())
+            usage, choices = family.summary(seq.timings, now)
+            self._last_total_s = seq.timings["total_ms"] / 1e3
+            leader = family.leader
+            leader.gen.done(seq.timings, family.finished[0][0], usage, choices, text=leader.stream.text_sent())
 
     def _drop(self, seq: Sequence, exc: Exception) -> None:
         """`seq` failed or was cancelled: its request ends with the error, every choice of it

@@ -55,6 +55,22 @@ class Choices:
     def done(self) -> bool:
         return len(self.finished) == len(self.members)
 
+    def summary(self, timings: dict, now: float) -> tuple[dict, list | None]:
+        """Every choice has finished: the request's usage (the prompt once, every choice's tokens)
+        and, with several choices, each one's finish, `timings` (the last to finish's) then given
+        decode figures over all of them."""
+        leader = self.leader
+        completion = sum(n for _, n in self.finished.values())
+        usage = {"prompt_tokens": len(leader.prompt), "completion_tokens": completion,
+                 "total_tokens": len(leader.prompt) + completion}
+        if len(self.members) == 1:
+            return usage, None
+        decode_s = now - leader.t_first
+        steps = completion - len(self.members)  # the first tokens came from the prompt's pass
+        timings.update({"predicted_n": completion, "predicted_ms": decode_s * 1e3,
+                        "predicted_per_second": steps / decode_s if steps > 0 and decode_s > 0 else 0.0})
+        return usage, [{"index": i, "finish_reason": self.finished[i][0]} for i in range(len(self.members))]
+
 
 class Sequence:
     """One admitted request's state on the model side (one choice of it)."""
@@ -103,6 +119,21 @@ class Sequence:
         self.start, self.cursor, self.prefill_s = leader.start, leader.cursor, leader.prefill_s
         self.prompt_logits, self.t_first = leader.prompt_logits, leader.t_first
         self.timings = dict(leader.timings)
+
+    def finish_timings(self, now: float) -> None:
+        """Its last token is out: what its prompt and answer cost, into its timings."""
+        decode_s = now - self.t_first
+        n, prompt_n = self.n, len(self.prompt) - self.start
+        self.timings.update({
+            "prompt_n": prompt_n, "cache_n": self.start, "result_cache_hit": False,
+            "prompt_per_second": prompt_n / self.prefill_s if self.prefill_s else 0.0,
+            "predicted_n": n, "predicted_ms": decode_s * 1e3,
+            "predicted_per_second": (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
+            "total_ms": (now - self.gen.work.t_submit) * 1e3,
+            "model_ms": (now - self.admitted) * 1e3,
+        })
+        if self.sampler.constraint is not None:  # `response_format`: what its token masks cost, in all
+            self.timings["grammar_mask_ms"] = self.sampler.constraint.mask_s * 1e3
 
     @property
     def decoding(self) -> bool:

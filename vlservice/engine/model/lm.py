@@ -71,7 +71,7 @@ class LeanLM:
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.dtype = self.embed.weight.dtype
-        # per layer: the fused q/k/v and gate/up products (quant.fuse_int8_projections), if any
+        # per layer: the fused q/k/v and gate/up products (linears.fuse_int8_projections), if any
         self.fused = [(_fused(layer.self_attn, "q_proj", "k_proj", "v_proj"), _fused(layer.mlp, "gate_proj", "up_proj"))
                       for layer in self.layers]
 
@@ -160,7 +160,7 @@ class LeanLM:
             qkv, gate_up = self.fused[i]
             if qkv is None:
                 q_, k_, v_ = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
-            else:  # one product for the three (the same bits: see quant.fuse_int8_projections)
+            else:  # one product for the three (the same bits: see linears.fuse_int8_projections)
                 q_, k_, v_ = qkv[0](h).split(qkv[1], dim=-1)
             q = attn.q_norm(q_.reshape(shape)).transpose(1, 2)
             k = attn.k_norm(k_.reshape(shape)).transpose(1, 2)

@@ -54,7 +54,8 @@ def load_lm(settings, path: Path, model=None) -> LoadedLM:
         return LoadedLM(OrtLM(graph, text.embed_tokens, text.config, settings.num_threads),
                         _eval(frame), decoder_stats=built)
     if settings.llm_quant == "int8":
-        from .quant import fuse_int8_projections, load_int8_model, make_rows_independent, quantize_llm_int8
+        from .quant import load_int8_model, quantize_llm_int8
+        from .linears import fuse_int8_projections, make_rows_independent
 
         int8: dict = {}
         if model is None:
@@ -72,7 +73,7 @@ def load_lm(settings, path: Path, model=None) -> LoadedLM:
 
         model = Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=torch.float32)
         if settings.llm_prepack:
-            from .quant import prepack_llm
+            from .linears import prepack_llm
 
             prepack = prepack_llm(model, path)
     model = _eval(model)
