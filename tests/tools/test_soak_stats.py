@@ -142,16 +142,17 @@ def test_memory_row_adds_the_caches_own_bytes():
     heap = {"in_use": 300 * 2**20, "free": 50 * 2**20, "mmapped": 20 * 2**20, "arena": 350 * 2**20,
             "rss_anon": 500 * 2**20}
     row = memory_row(12.0, {**stats, "heap": heap})
-    assert (row["heap_in_use_mb"], row["heap_free_mb"], row["outside_heap_mb"]) == (300.0, 50.0, 130.0)
+    assert (row["live_less_caches_mb"], row["heap_free_mb"], row["rss_anon_mb"]) == (170.0, 50.0, 500.0)
 
 
 def test_the_verdict_says_where_the_growth_is_and_is_not_judged_by_it():
-    """Growth in the allocator's free-but-held bytes shows in `where`, apart from live bytes and
-    memory outside glibc's heap (ONNX Runtime's, Python's arenas); the verdict stays RSS less caches."""
+    """Growth in the allocator's free-but-held bytes shows in `where`, apart from live bytes beyond
+    the caches; the verdict stays RSS less caches."""
     rows = [{"t": 60.0 * i, "pid": 1, "rss_mb": 500.0 + 3.0 * i, "caches_mb": 100.0, "queue_depth": 0,
-             "heap_in_use_mb": 300.0, "heap_free_mb": 50.0 + 3.0 * i, "outside_heap_mb": 130.0} for i in range(8)]
+             "live_less_caches_mb": 170.0, "heap_free_mb": 50.0 + 3.0 * i, "rss_anon_mb": 480.0 + 3.0 * i}
+            for i in range(8)]
     seg = memory_verdict(rows, threshold=2.0, warmup_s=60.0)["segments"][0]
-    assert seg["where"] == {"heap_in_use_mb": 0.0, "heap_free_mb": 3.0, "outside_heap_mb": 0.0}
+    assert seg["where"] == {"live_less_caches_mb": 0.0, "heap_free_mb": 3.0, "rss_anon_mb": 3.0}
     assert seg["unexplained_slope"] == 3.0
     assert memory_row(1.0, {"rss_bytes": 1024 * 1024, "cache": {}, "kv_cache": {}})["caches_mb"] == 0.0
 

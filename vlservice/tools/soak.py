@@ -239,8 +239,8 @@ def memory_row(t: float, stats: dict) -> dict | None:
            "queue_depth": stats.get("queue_depth")}
     heap = stats.get("heap")
     if isinstance(heap, dict) and "rss_anon" in heap:  # where the memory is (glibc's view; diagnostic)
-        row.update({"heap_in_use_mb": heap["in_use"] / MB, "heap_free_mb": heap["free"] / MB,
-                    "outside_heap_mb": (heap["rss_anon"] - heap["arena"] - heap["mmapped"]) / MB})
+        row.update({"live_less_caches_mb": (heap["in_use"] + heap["mmapped"]) / MB - row["caches_mb"],
+                    "heap_free_mb": heap["free"] / MB, "rss_anon_mb": heap["rss_anon"] / MB})
     return row
 
 
@@ -277,8 +277,8 @@ def memory_verdict(rows: list, threshold: float, warmup_s: float = WARMUP_S) -> 
                 "unexplained_slope": None if unexplained is None else round(unexplained, 3),
                 "rss_start_mb": round(rs[0]["rss_mb"], 1), "rss_end_mb": round(rs[-1]["rss_mb"], 1),
                 "caches_end_mb": round(rs[-1]["caches_mb"], 1)}
-        if all("heap_in_use_mb" in r for r in fit):  # not judged: where the unexplained part lives
-            item["where"] = {key: slope(key) for key in ("heap_in_use_mb", "heap_free_mb", "outside_heap_mb")}
+        if all("live_less_caches_mb" in r for r in fit):  # not judged: where the unexplained part lives
+            item["where"] = {key: slope(key) for key in ("live_less_caches_mb", "heap_free_mb", "rss_anon_mb")}
         out.append(item)
         if judged and unexplained is not None and unexplained >= threshold:
             failures.append(f"RSS less the caches' own bytes grows {unexplained:.2f} MB/min after warm-up "
@@ -919,8 +919,8 @@ def markdown(rep: dict) -> str:
                      f"{f(seg['rss_slope'])} / {f(seg['caches_slope'])} / {f(seg['unexplained_slope'])}"])
         if seg.get("where"):
             w = seg["where"]
-            rows.append([f"worker {seg['pid']}: glibc heap in use / heap free but held / outside the heap (MB/min)",
-                         f"{f(w['heap_in_use_mb'])} / {f(w['heap_free_mb'])} / {f(w['outside_heap_mb'])}"])
+            rows.append([f"worker {seg['pid']}: glibc's live bytes less the caches / free but held / RssAnon (MB/min)",
+                         f"{f(w['live_less_caches_mb'])} / {f(w['heap_free_mb'])} / {f(w['rss_anon_mb'])}"])
     for e in rep.get("events", []):
         details = ", ".join(f"{k} {v}" for k, v in e.items() if k not in ("t_s", "event"))
         rows.append([f"event at {e['t_s']} s", f"{e['event']}{': ' + details if details else ''}"])
