@@ -52,5 +52,10 @@ else
 fi
 export HF_HUB_OFFLINE=1
 WORKERS=()
-if [ "${VL_TEST_WORKERS:-2}" != 0 ]; then WORKERS=(-n "${VL_TEST_WORKERS:-2}" --dist loadfile); fi
+if [ "${VL_TEST_WORKERS:-2}" != 0 ]; then
+  WORKERS=(-n "${VL_TEST_WORKERS:-2}" --dist loadfile)
+  # Two files' servers share the cores: OpenMP's idle threads sleep instead of spinning for the core
+  # the other process needs (the servers' own defaults are for a machine they have to themselves).
+  export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
+fi
 exec .venv/bin/python -m pytest ${FAST[@]+"${FAST[@]}"} ${WORKERS[@]+"${WORKERS[@]}"} "$@"
