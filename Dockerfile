@@ -10,14 +10,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     VL_CACHE_DIR=/data/cache \
     HF_HOME=/data/hf \
     FRONT_LISTEN=8000 \
-    FRONT_RUN_DIR=/tmp/vlservice-front
+    FRONT_RUN_DIR=/tmp/vlservice-front \
+    VL_ALLOCATOR=jemalloc
 
 WORKDIR /app
 
-# nginx in front of Gunicorn, and tini as PID 1 (reaps orphans, passes signals to the launcher):
-# Debian's packages.
+# nginx in front of Gunicorn, tini as PID 1 (reaps orphans, passes signals to the launcher), and
+# jemalloc, the allocator Gunicorn starts on (VL_ALLOCATOR below): Debian's packages.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends nginx tini \
+    && apt-get install -y --no-install-recommends nginx tini libjemalloc2 \
     && rm -rf /var/lib/apt/lists/*
 
 # PyPI's default torch wheel for Linux is a CUDA build; this index offers the CPU build of the

@@ -16,6 +16,8 @@ imports; `vlservice.config` is cheap to import (no torch).
   closes is drained for 2 s on the main loop. So direct Gunicorn is for a trusted network; anything
   a network reaches goes through nginx, which buffers whole requests before Gunicorn sees them
   (the Docker image runs it in front; README, Settings and deployment).
+- the allocator: glibc's malloc keeps what a long-running worker frees (issue 45), so the master
+  starts on jemalloc when it is installed (VL_ALLOCATOR; docs/operations.md, memory over hours).
 - post_worker_init: torch and ONNX Runtime thread pools are not fork-safe, so each worker sets
   its threads, opens its ONNX Runtime session and warms up after the fork (in a background
   thread: /healthz answers at once, /readyz says 503 until the warm-up is done). VL_DEFER_START
@@ -36,6 +38,7 @@ imports; `vlservice.config` is cheap to import (no torch).
 
 import os
 
+from vlservice import allocator as _allocator
 from vlservice.config import Settings
 from vlservice.http import parse_errors
 
@@ -43,6 +46,9 @@ parse_errors.install()  # Gunicorn's refusals (malformed requests) in OpenAI's e
 
 os.environ.setdefault("VL_DEFER_START", "1")  # for wsgi.py: start in post_worker_init, after the fork
 _settings = Settings.from_env()  # names starting with "_" are not Gunicorn settings
+# The allocator (VL_ALLOCATOR, default jemalloc when installed): a master not yet on it re-executes
+# itself here, once, with the library preloaded; its workers inherit it (vlservice/allocator.py).
+_allocator.ensure(_settings.allocator)
 
 bind = _settings.bind
 workers = _settings.workers

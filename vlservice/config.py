@@ -107,6 +107,9 @@ class Settings:
     replica_name: str = ""  # the X-Served-By header; empty: the host name (the pod's name in Kubernetes)
     warmup: bool = True
     malloc_trim: bool = True  # return freed heap to the system when the model goes idle (glibc)
+    malloc_trim_busy_s: float = 0.0  # also while the model is busy, at most this often; 0: only when idle
+    # the memory allocator Gunicorn starts on (vlservice/allocator.py): auto = jemalloc when installed
+    allocator: str = "auto"
     api_key: str = ""  # empty: no auth on /v1/*; comma separated for several keys (each a tenant)
     api_keys: str = ""  # named tenants' keys, "name:key,name:key" (beside or instead of api_key)
     priority_tenants: str = ""  # tenants whose X-Request-Priority is honoured ("*": all); without keys, all
@@ -165,6 +168,8 @@ class Settings:
             )
         if self.llm_quant not in ("", "none", "int8", "int4"):
             raise ValueError(f"VL_LLM_QUANT must be empty, int8 or int4, got {self.llm_quant!r}")
+        if self.allocator not in ("auto", "jemalloc", "tcmalloc", "glibc"):
+            raise ValueError(f"VL_ALLOCATOR must be auto, jemalloc, tcmalloc or glibc, got {self.allocator!r}")
         for f in fields(self):  # no count, size or timeout means anything below zero
             if f.type in ("int", "float") and getattr(self, f.name) < 0:
                 raise ValueError(f"VL_{f.name.upper()} must be >= 0, got {getattr(self, f.name)}")

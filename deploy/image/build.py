@@ -424,6 +424,9 @@ def serve_and_check(args, work: Path) -> dict:
         ctype = next((v for k, v in headers.items() if k.lower() == "content-type"), "")
         checks["page"] = {"status": status, "content_type": ctype, "bytes": len(body),
                           "ok": status == 200 and ctype.startswith("text/html") and b"<html" in body.lower()}
+        status, _, body = http(url + "/api/stats")  # the worker runs on the image's allocator (VL_ALLOCATOR)
+        allocator = (json.loads(body).get("heap") or {}).get("allocator") if status == 200 else None
+        checks["allocator"] = {"status": status, "allocator": allocator, "ok": allocator == "jemalloc"}
         png = "data:image/png;base64," + base64.b64encode(tiny_png()).decode()
         t = time.monotonic()
         status, _, body = http(url + "/v1/chat/completions", {

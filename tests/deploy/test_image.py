@@ -53,7 +53,7 @@ def test_the_image_builds_serves_the_page_and_answers(tmp_path):
     served = got["served"]
     assert served["uid"] == 10001 and served["command"] == ["tini", "--", "python", "deploy/front/launch.py"]
     assert {name: check["ok"] for name, check in served["checks"].items()} == \
-        {"readyz": True, "page": True, "chat": True}
+        {"readyz": True, "page": True, "allocator": True, "chat": True}
     assert served["stop"]["how"] == "SIGTERM to tini", served["stop"]  # drained, not killed
 
 

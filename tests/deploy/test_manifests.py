@@ -412,3 +412,23 @@ http {{
         check = subprocess.run(["nginx", "-p", str(folder), "-e", "stderr", "-c", str(folder / "nginx.conf"), "-t"],
                                capture_output=True, text=True)
         assert check.returncode == 0, check.stderr
+
+
+def test_every_deployment_starts_on_the_allocator_the_image_installs():
+    """Issue 45: glibc's malloc keeps what a long-running worker frees, so the image installs
+    jemalloc and names it (VL_ALLOCATOR: gunicorn.conf.py re-executes the master with it preloaded
+    and fails to start when it is missing), and compose and Kubernetes say the same."""
+    from vlservice import allocator
+
+    docker = (ROOT / "Dockerfile").read_text()
+    (chosen,) = re.findall(r"^\s*VL_ALLOCATOR=(\S+?)\s*\\?$", docker, re.M)
+    assert chosen == "jemalloc" and allocator.wanted(chosen) == "jemalloc"
+    assert re.search(r"apt-get install -y --no-install-recommends [^\n]*\blibjemalloc2\b", docker)
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["vlservice"]["environment"]
+    assert compose["VL_ALLOCATOR"] == "${VL_ALLOCATOR:-jemalloc}"
+    scale = yaml.safe_load((ROOT / "compose.scale.yaml").read_text())["services"]
+    replicas = [s for s in scale.values() if "VL_REDIS_URL" in s.get("environment", {})]
+    assert [s["environment"]["VL_ALLOCATOR"] for s in replicas] == ["${VL_ALLOCATOR:-jemalloc}"] * 2
+    env = {e["name"]: e.get("value") for e in container()["env"]}
+    assert env["VL_ALLOCATOR"] == chosen
+    assert Settings.from_env({"VL_ALLOCATOR": chosen}).allocator == chosen

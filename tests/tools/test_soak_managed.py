@@ -62,3 +62,30 @@ def test_managed_soak_with_a_redis_pause_and_a_rolling_sigterm(tmp_path):
     assert m["threshold_mb_per_min"] == 2.0
     assert "feature cache (VL_FEATURE_CACHE_MB): MB / budget" in r.stdout
     assert "event at" in r.stdout and "worker_sigterm" in r.stdout
+
+
+def test_allocators_compared_in_one_record_each_on_its_own_allocator(tmp_path):
+    """`soak --serve --allocators`: one managed soak per allocator setting, one after the other,
+    and one record; each variant's worker reports (in /api/stats) the allocator it ran on."""
+    out = tmp_path / "allocators.json"
+    r = subprocess.run([sys.executable, "-m", "vlservice", "soak", "--serve", "--seconds", "25", "--concurrency", "2",
+                        "--sample-every", "3", "--warmup", "5", "--redis-pause", "3", "--allocators", "glibc",
+                        "jemalloc", "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    record = json.loads(out.read_text())
+    assert list(record["variants"]) == ["glibc", "jemalloc"]
+    assert record["cpu"] and record["date"]
+    assert record["command"].startswith("python -m vlservice soak --serve --seconds")
+    assert "--allocators glibc jemalloc" in record["command"]
+    for name, variant in record["variants"].items():
+        s = variant["summary"]
+        assert s["allocator"] == name, s  # the variant took effect in the worker
+        assert s["ok"] > 0 and s["lost"] == 0 and s["unexpected"] == 0
+        assert variant["report"]["server"]["after"]["heap"]["allocator"] == name
+        assert s["verdict"] in ("PASS", "FAIL") and s["answered_per_min"] > 0
+    assert "| glibc | glibc |" in r.stdout and "| jemalloc | jemalloc |" in r.stdout
+    assert out.with_suffix(".md").read_text().strip() in r.stdout  # the same table, beside the JSON
+    bad = subprocess.run([sys.executable, "-m", "vlservice", "soak", "--seconds", "1", "--allocators", "mimalloc"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--allocators needs --serve" in bad.stderr

@@ -39,6 +39,19 @@ def test_bytes_are_the_caches_own():
     assert cache.stats()["bytes"] == ONE > 0
 
 
+def test_prompt_logits_that_are_a_row_of_a_batch_keep_only_their_row():
+    """A prompt's logits come from a pass over the whole batch: stored as they are, the row would
+    keep the batch's logits alive while the cache counted one row (memory no budget saw)."""
+    a = conversation(0)
+    batch = torch.randn(8, 1000)
+    cache = PrefixCache(max_bytes=10 * ONE)
+    cache.put(a, [], filled(a), prompt_len=len(a), prompt_logits=batch[3])
+    (entry,) = cache._entries.values()
+    assert entry.prompt_logits.untyped_storage().nbytes() == 1000 * 4 == entry.prompt_logits.nbytes
+    assert torch.equal(entry.prompt_logits, batch[3])
+    assert cache.stats()["bytes"] == ONE + 1000 * 4
+
+
 def test_bounded_in_bytes_oldest_evicted():
     cache = PrefixCache(max_bytes=2 * ONE + ONE // 2)  # room for two
     a, b, c = conversation(0), conversation(1000), conversation(2000)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import time
 from pathlib import Path
 from typing import Literal
 
@@ -25,12 +26,39 @@ def _libc():
 
 
 def malloc_trim() -> bool:
-    """glibc's `malloc_trim(0)`: return free heap pages to the system. False where there is none."""
+    """glibc's `malloc_trim(0)`: return free heap pages to the system. False where there is none,
+    or where the process runs on another allocator (jemalloc and tcmalloc return pages themselves)."""
+    from ..allocator import loaded
+
     libc = _libc()
-    if not libc:
+    if not libc or loaded() != "glibc":
         return False
     libc.malloc_trim(0)
     return True
+
+
+class Trimmer:
+    """glibc's `malloc_trim` for the scheduler: when the model goes idle (at most once a second,
+    `VL_MALLOC_TRIM`) and, with `busy_s` > 0, while it is busy too (at most every `busy_s` seconds,
+    `VL_MALLOC_TRIM_BUSY_S`). `trims` counts the calls that reached glibc."""
+
+    def __init__(self, enabled: bool, busy_s: float = 0.0, clock=time.monotonic):
+        self.enabled, self.busy_s, self.clock = enabled, busy_s, clock
+        self.last = 0.0  # monotonic time of the last trim
+        self.trims = 0
+
+    def idle(self) -> None:
+        if self.enabled and self.clock() - self.last >= 1.0:
+            self._trim()
+
+    def busy(self) -> None:
+        if self.enabled and self.busy_s and self.clock() - self.last >= self.busy_s:
+            self._trim()
+
+    def _trim(self) -> None:
+        self.last = self.clock()
+        if malloc_trim():  # glibc's; jemalloc and tcmalloc give pages back by themselves
+            self.trims += 1
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -38,19 +66,73 @@ class _Mallinfo2(ctypes.Structure):
                                                       "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
-def heap() -> dict | None:
-    """Where the process's heap is, by glibc (`mallinfo2`, all arenas): bytes in use by live
-    allocations (`in_use`), free but held by the allocator (`free`: what `malloc_trim` could give
-    back, or fragments it cannot), mmapped blocks (`mmapped`); and the kernel's anonymous resident
-    bytes (`rss_anon`). None where there is no glibc (musl, a preloaded jemalloc or tcmalloc answer
-    with their own numbers, or none)."""
-    libc = _libc()
-    if not libc or not hasattr(libc, "mallinfo2"):
+def _glibc_heap(libc) -> dict | None:
+    if not hasattr(libc, "mallinfo2"):
         return None
     libc.mallinfo2.restype = _Mallinfo2
     info = libc.mallinfo2()
-    out = {"in_use": int(info.uordblks), "free": int(info.fordblks), "mmapped": int(info.hblkhd),
-           "arena": int(info.arena)}
+    return {"in_use": int(info.uordblks), "free": int(info.fordblks), "mmapped": int(info.hblkhd),
+            "arena": int(info.arena)}
+
+
+def _jemalloc_heap() -> dict | None:
+    """jemalloc's `stats.allocated` (live) and `stats.resident` less it (held: dirty pages, metadata),
+    after refreshing its `epoch`."""
+    try:
+        mallctl = ctypes.CDLL(None).mallctl
+    except (OSError, AttributeError):
+        return None
+    mallctl.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p,
+                        ctypes.c_size_t]
+    epoch, size = ctypes.c_uint64(1), ctypes.c_size_t(8)
+    mallctl(b"epoch", ctypes.byref(epoch), ctypes.byref(size), ctypes.byref(epoch), 8)
+    out = {}
+    for key, name in (("in_use", b"stats.allocated"), ("resident", b"stats.resident"), ("active", b"stats.active"),
+                      ("metadata", b"stats.metadata"), ("mapped", b"stats.mapped"), ("retained", b"stats.retained")):
+        value, size = ctypes.c_size_t(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_size_t))
+        if mallctl(name, ctypes.byref(value), ctypes.byref(size), None, 0) != 0:
+            return None
+        out[key] = int(value.value)
+    return {"in_use": out["in_use"], "free": max(0, out["resident"] - out["in_use"]), "mmapped": 0,
+            "arena": out["resident"], **{k: out[k] for k in ("active", "metadata", "mapped", "retained")}}
+
+
+def _tcmalloc_heap() -> dict | None:
+    """gperftools' `generic.current_allocated_bytes` (live) and its page heap's free bytes (held)."""
+    try:
+        prop = ctypes.CDLL(None).MallocExtension_GetNumericProperty
+    except (OSError, AttributeError):
+        return None
+    prop.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)]
+    out = {}
+    for key, name in (("in_use", b"generic.current_allocated_bytes"), ("arena", b"generic.heap_size"),
+                      ("free", b"tcmalloc.pageheap_free_bytes")):
+        value = ctypes.c_size_t(0)
+        if not prop(name, ctypes.byref(value)):
+            return None
+        out[key] = int(value.value)
+    return {**out, "mmapped": 0}
+
+
+def heap() -> dict | None:
+    """Where the process's heap is, by the allocator it runs on (`allocator`: glibc's `mallinfo2`
+    over all arenas, or a preloaded jemalloc's or tcmalloc's own statistics): bytes in use by live
+    allocations (`in_use`), free but held by the allocator (`free`: what `malloc_trim` or a decay
+    could give back, or fragments it cannot), mmapped blocks (`mmapped`, glibc's large blocks); and
+    the kernel's anonymous resident bytes (`rss_anon`). None where the allocator has no statistics."""
+    from ..allocator import loaded
+
+    name = loaded()
+    if name == "jemalloc":
+        out = _jemalloc_heap()
+    elif name == "tcmalloc":
+        out = _tcmalloc_heap()
+    else:
+        libc = _libc()
+        out = _glibc_heap(libc) if libc else None
+    if out is None:
+        return None
+    out["allocator"] = name
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("RssAnon:"):

@@ -179,7 +179,8 @@ class VLModelService:
             self.lean, self.kv, self.features, self.inputs, self.tokenizer, self.grammars,
             max_batch=self.settings.max_batch, prefill_chunk=self.settings.prefill_chunk,
             queue_timeout_s=self.settings.queue_timeout_s, threads=self.settings.num_threads,
-            malloc_trim=self.settings.malloc_trim, listeners=self.step_listeners)
+            malloc_trim=self.settings.malloc_trim, trim_busy_s=self.settings.malloc_trim_busy_s,
+            listeners=self.step_listeners)
         self.scheduler.start()
         self.warmup_s = time.perf_counter() - t0
         self.ready = True

@@ -74,6 +74,7 @@ QUESTIONS = ("Describe this image.", "What shapes do you see?", "What colours ar
 FOLLOW_UPS = ("Tell me more.", "Which one is the largest?", "And the background colour?", "Say it in one word.")
 WARMUP_S = 60.0
 MB = 1024 * 1024
+HEAP_KEYS = ("live_less_caches_mb", "heap_free_mb", "rss_anon_mb")  # memory_row's view of the allocator
 # The caches whose bytes the server accounts for itself in /api/stats (their `bytes` and
 # `capacity_bytes`), with the setting that bounds each: RSS less these is what a leak would grow.
 # The result cache holds answers' text (bounded by entries, a few KB); the disk tier is not RSS.
@@ -278,7 +279,7 @@ def memory_verdict(rows: list, threshold: float, warmup_s: float = WARMUP_S) -> 
                 "rss_start_mb": round(rs[0]["rss_mb"], 1), "rss_end_mb": round(rs[-1]["rss_mb"], 1),
                 "caches_end_mb": round(rs[-1]["caches_mb"], 1)}
         if all("live_less_caches_mb" in r for r in fit):  # not judged: where the unexplained part lives
-            item["where"] = {key: slope(key) for key in ("live_less_caches_mb", "heap_free_mb", "rss_anon_mb")}
+            item["where"] = {key: slope(key) for key in HEAP_KEYS}
         out.append(item)
         if judged and unexplained is not None and unexplained >= threshold:
             failures.append(f"RSS less the caches' own bytes grows {unexplained:.2f} MB/min after warm-up "
@@ -654,6 +655,7 @@ class Managed:
 class Soak:
     def __init__(self, args):
         self.url = args.url.rstrip("/")
+        self.command = getattr(args, "command", "python -m vlservice soak")
         self.api_key = args.api_key or ""
         self.duration_s = args.seconds if args.seconds is not None else args.minutes * 60.0
         self.concurrency = args.concurrency
@@ -822,6 +824,10 @@ class Soak:
             "segments": verdict["segments"], "caches": caches,
             "samples": [[round(r["t"], 1), round(r["rss_mb"], 1), round(r["caches_mb"], 1), r["queue_depth"], r["pid"]]
                         for r in rows],
+            # the allocator's view of the same samples (none where it has no statistics)
+            "heap_samples_fields": ["t_s", "live_less_caches_mb", "heap_free_mb", "rss_anon_mb"],
+            "heap_samples": [[round(r["t"], 1), *(round(r[k], 1) for k in HEAP_KEYS)] for r in rows
+                             if all(k in r for k in HEAP_KEYS)],
         }
         n_unexpected = sum(unexpected.values())
         reasons = []
@@ -851,12 +857,12 @@ class Soak:
         if not outcomes:
             reasons.append("no request was sent")
         stats_keys = ("pid", "rss_bytes", "queue_depth", "busy", "cache", "kv_cache", "result_cache", "shared_cache",
-                      "counters", "encoder_calls")
+                      "counters", "encoder_calls", "heap")
         from ..obs.records import cpu_info
 
         return {
             # the machine the clients and (with --serve) the server ran on, and the command
-            "cpu": cpu_info(0), "command": "python -m vlservice soak " + " ".join(sys.argv[1:]),
+            "cpu": cpu_info(0), "command": self.command,
             "url": self.url, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
             "duration_s": round(elapsed, 1), "concurrency": self.concurrency, "max_tokens": self.max_tokens,
             "model": config.get("model"), "max_tokens_cap": self.cap,
@@ -919,7 +925,7 @@ def markdown(rep: dict) -> str:
                      f"{f(seg['rss_slope'])} / {f(seg['caches_slope'])} / {f(seg['unexplained_slope'])}"])
         if seg.get("where"):
             w = seg["where"]
-            rows.append([f"worker {seg['pid']}: glibc's live bytes less the caches / free but held / RssAnon (MB/min)",
+            rows.append([f"worker {seg['pid']}: the allocator's live bytes less the caches / free but held / RssAnon (MB/min)",
                          f"{f(w['live_less_caches_mb'])} / {f(w['heap_free_mb'])} / {f(w['rss_anon_mb'])}"])
     for e in rep.get("events", []):
         details = ", ".join(f"{k} {v}" for k, v in e.items() if k not in ("t_s", "event"))
@@ -979,22 +985,17 @@ def build_parser() -> argparse.ArgumentParser:
     managed.add_argument("--redis-pause", type=float, default=10.0,
                          help="seconds Redis stays stopped (SIGSTOP) at a quarter of the run (default 10)")
     managed.add_argument("--serve-dir", help="folder for the managed server's log (default: a new temporary one)")
+    managed.add_argument("--allocators", nargs="+", metavar="NAME",
+                         help="run the managed soak once per allocator setting, one after the other, and compare "
+                              "them in one report (glibc, glibc-arenas2, glibc-trim, jemalloc, tcmalloc)")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for one answer")
     p.add_argument("--seed", type=int, default=0, help="seed of the traffic mix and the images")
     return p
 
 
-def main(argv: list | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    duration = args.seconds if args.seconds is not None else args.minutes * 60.0
-    unknown = sorted(set(args.kinds or ()) - set(KINDS))
-    if unknown:
-        print(f"error: unknown kind(s) {', '.join(unknown)}; choose from {', '.join(KINDS)}", file=sys.stderr)
-        return 2
-    if not duration > 0 or args.concurrency < 1 or args.max_tokens < 1 or args.sample_every <= 0:
-        print("error: --minutes/--seconds, --concurrency, --max-tokens and --sample-every must be positive",
-              file=sys.stderr)
-        return 2
+def run_once(args, duration: float) -> dict | int:
+    """One soak as `args` say (starting the managed server with --serve): its report, or an exit
+    code when it could not run."""
     managed = None
     if args.serve:
         import shutil
@@ -1031,6 +1032,29 @@ def main(argv: list | None = None) -> int:
             managed.stop()
     if managed is not None:
         rep["server_log"] = str(managed.workdir / "server.log")
+    return rep
+
+
+def main(argv: list | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.command = "python -m vlservice soak " + " ".join(argv)  # as run (the records' `command`)
+    duration = args.seconds if args.seconds is not None else args.minutes * 60.0
+    unknown = sorted(set(args.kinds or ()) - set(KINDS))
+    if unknown:
+        print(f"error: unknown kind(s) {', '.join(unknown)}; choose from {', '.join(KINDS)}", file=sys.stderr)
+        return 2
+    if not duration > 0 or args.concurrency < 1 or args.max_tokens < 1 or args.sample_every <= 0:
+        print("error: --minutes/--seconds, --concurrency, --max-tokens and --sample-every must be positive",
+              file=sys.stderr)
+        return 2
+    if args.allocators:
+        from .soakcompare import compare
+
+        return compare(args, duration, run_once)
+    rep = run_once(args, duration)
+    if isinstance(rep, int):
+        return rep
     print(markdown(rep))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

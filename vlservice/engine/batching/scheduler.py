@@ -48,7 +48,7 @@ import numpy as np
 from ...errors import APIError, Cancelled, EngineError, NotReady, QueueTimeout
 from . import policy
 from ..output.logprobs import TokenText
-from ..reclaim import malloc_trim
+from ..reclaim import Trimmer
 from .sequence import Choices, Sequence
 from ..types import Event
 
@@ -76,10 +76,10 @@ def _stop_all() -> None:
 class Scheduler:
     def __init__(self, runner: LMRunner, prefix: PrefixCache, features: FeatureSource, inputs: ModelInputs,
                  tokenizer, grammars: Grammars, *, max_batch: int, prefill_chunk: int, queue_timeout_s: float,
-                 threads: int, malloc_trim: bool = False, listeners: list | None = None):
+                 threads: int, malloc_trim: bool = False, trim_busy_s: float = 0.0, listeners: list | None = None):
         self.lean, self.prefix, self.features, self.inputs = runner, prefix, features, inputs
         self.tokenizer, self.grammars = tokenizer, grammars
-        self.malloc_trim, self._last_total_s = malloc_trim, 5.0  # the last answer's time: a time-out's Retry-After
+        self.trimmer, self._last_total_s = Trimmer(malloc_trim, trim_busy_s), 5.0  # last answer's time: Retry-After
         self.max_batch = max(1, max_batch)
         self.prefill_chunk = max(0, prefill_chunk)  # 0: sized by time (`_chunk_len`)
         self._token_s: float | None = None  # a prompt token's share of a pass, seconds (running mean)
@@ -93,8 +93,6 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlservice-encoder")
         self._stop = False
-        self._last_trim = 0.0
-        self.trims = 0
         self.steps = 0
         self.last_batch = 0
         self.batch_hist: dict[int, int] = {}
@@ -175,6 +173,7 @@ class Scheduler:
                 self._work()
             except Exception:  # never let the one model thread die
                 log.exception("scheduler step failed")
+            self.trimmer.busy()
 
         for seq in list(self.running):
             self._drop(seq, NotReady("the server is shutting down; retry", code="shutting_down"))
@@ -194,10 +193,7 @@ class Scheduler:
 
     def _idle(self) -> None:
         """Give the freed heap back to the system when the model goes idle (at most once a second)."""
-        if self.malloc_trim and time.monotonic() - self._last_trim >= 1.0:
-            self._last_trim = time.monotonic()
-            malloc_trim()
-            self.trims += 1
+        self.trimmer.idle()
 
     def _admission(self) -> policy.Admission:
         """What `policy.admit` lets leave the queue now. Called with the condition held."""
@@ -472,7 +468,7 @@ class Scheduler:
         seq.finish_timings(now)
         family = seq.family
         family.finished[seq.choice] = (finish, seq.n)
-        if len(family.members) > 1:
+        if family.count > 1:
             seq.gen.queue.put(Event("choice_done", data={"finish_reason": finish, "completion_tokens": seq.n},
                                     choice=seq.choice))
         if family.done:
@@ -480,6 +476,7 @@ class Scheduler:
             self._last_total_s = seq.timings["total_ms"] / 1e3
             leader = family.leader
             leader.gen.done(seq.timings, family.finished[0][0], usage, choices, text=leader.stream.text_sent())
+            family.close()
 
     def _drop(self, seq: Sequence, exc: Exception) -> None:
         """`seq` failed or was cancelled: its request ends with the error, every choice of it
@@ -497,3 +494,4 @@ class Scheduler:
             log.error("engine error in %s: %r", seq.gen.id, exc)
             err = EngineError(f"the engine failed: {type(exc).__name__}")
         seq.gen.fail(err)
+        family.close()

@@ -112,7 +112,9 @@ class PrefixCache:
             tenant: str = "") -> None:
         if not self.enabled or len(ids) == 0:
             return
-        extra = prompt_logits.numel() * prompt_logits.element_size() if prompt_logits is not None else 0
+        if prompt_logits is not None and prompt_logits.untyped_storage().nbytes() > prompt_logits.nbytes:
+            prompt_logits = prompt_logits.clone()  # a row of a batch's logits: keep the row, not the batch
+        extra = prompt_logits.nbytes if prompt_logits is not None else 0
         entry = Entry(ids=ids, images=images, cache=cache, nbytes=cache_bytes(cache) + extra,
                       prompt_len=prompt_len, prompt_logits=prompt_logits, tenant=tenant)
         if entry.nbytes > self.max_bytes:
